@@ -533,7 +533,7 @@ pub fn current() -> R<u64> {
 fn env_pct() -> Option<u32> {
     let v = std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").ok()?;
     let p: f64 = v.trim().parse().ok()?;
-    Some(p.round().clamp(1.0, 100.0) as u32)
+    Some(emu_device::whole_pct(p))
 }
 
 fn new_ctx(d: &Driver, ord: usize, flags: u32, primary: bool) -> R<u64> {

@@ -23,6 +23,17 @@ use layout::{compute_mode, kstate, mps_conn, State, MAX_CLIENTS, STATE_SIZE};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// An MPS active-thread percentage as the emulated device keeps it, in whole percent: rounded
+/// down (12.5 % gives 12, never 13: the emulator grants no more SMs than were asked for), at
+/// least 1 and at most 100. The device keeps whole percents; a fraction asked for is lost on
+/// the strict side.
+pub fn whole_pct(pct: f64) -> u32 {
+    if pct.is_nan() {
+        return 1;
+    }
+    (pct + 1e-9).floor().clamp(1.0, 100.0) as u32
+}
+
 /// Environment variable naming the state file.
 pub const ENV_STATE: &str = "GPUEMU_STATE";
 /// Environment variable choosing the profile of a new state file.

@@ -1357,3 +1357,16 @@ fn xids_are_kept_in_order_and_a_reader_far_behind_loses_the_oldest() {
     assert_eq!(v[0].code, 1005, "the oldest five are lost to a reader that far behind");
     std::fs::remove_file(&p).unwrap();
 }
+
+/// A fractional MPS percentage was rounded to the nearest whole one: 12.5 % gave 13 %, more SMs
+/// than asked for. The device now rounds down.
+#[test]
+fn a_fractional_active_thread_percentage_never_grants_more_than_asked() {
+    assert_eq!(crate::whole_pct(12.5), 12);
+    assert_eq!(crate::whole_pct(12.99), 12);
+    assert_eq!(crate::whole_pct(40.0), 40);
+    assert_eq!(crate::whole_pct(39.999_999_999_9), 40, "a float's last bit is no percent");
+    assert_eq!(crate::whole_pct(0.4), 1);
+    assert_eq!(crate::whole_pct(250.0), 100);
+    assert_eq!(crate::whole_pct(f64::NAN), 1);
+}

@@ -59,7 +59,7 @@ impl DeviceLink for EmuLink {
 
     fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String> {
         self.dev
-            .set_default_active_thread_pct(pct.round().clamp(1.0, 100.0) as u32)
+            .set_default_active_thread_pct(emu_device::whole_pct(pct))
             .map_err(|e| e.to_string())
     }
 
