@@ -106,3 +106,35 @@ fn gavel_round_uses_every_gpu() {
     assert_eq!(plan.assignments.len(), 2, "{plan:?}");
     assert_eq!(plan.unplaced.len(), 1, "{plan:?}");
 }
+
+/// Two running jobs with identical weights everywhere (and two waiting ones of the same
+/// weight): no policy may move or break a running job, since no move gains anything (each
+/// move kills and restarts a training job). The pairwise path used to swap them under
+/// optimus and drf ("moved to n0/0 (better plan)") and gavel-max-min broke one to place a
+/// waiting job of equal weight.
+#[test]
+fn equal_weights_keep_every_running_job_where_it_runs() {
+    let mut wrong = Vec::new();
+    for policy in Policy::ALL {
+        for (ga, gb) in [(1, 0), (0, 1)] {
+            let mut c = cluster(&[("n0", "V100", 2, 32_000)]);
+            c.policy = policy;
+            let mut a1 = offline("a1", 1000, 1.0);
+            a1.current = Some(GpuRef { node: "n0".into(), gpu: ga });
+            let mut a2 = offline("a2", 1000, 1.0);
+            a2.current = Some(GpuRef { node: "n0".into(), gpu: gb });
+            let w = Workloads {
+                online: vec![online("s0", "n0", 0, 4000, 40.0, 1.0), online("s1", "n0", 1, 4000, 40.0, 1.0)],
+                offline: vec![a1, a2, offline("b1", 1000, 1.0), offline("b2", 1000, 1.0)],
+            };
+            let plan = plan_round(&c, &w, &similarity_predictor(), &healthy, 1);
+            let mut kept: Vec<(String, u32)> =
+                plan.assignments.iter().filter(|a| a.kept).map(|a| (a.offline.clone(), a.at.gpu)).collect();
+            kept.sort();
+            if !plan.breaks.is_empty() || kept != [("a1".to_string(), ga), ("a2".to_string(), gb)] {
+                wrong.push(format!("{} (a1 on {ga}): {:?}", policy.name(), plan.breaks));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
