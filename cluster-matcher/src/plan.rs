@@ -721,10 +721,12 @@ pub(crate) fn plan_core(
         }
         // Among equally good plans, keep running jobs where they run (the class path does so
         // when it expands classes to pairs): every move kills and restarts a training job.
-        // A job's current pair gets KEEP_EPS of the round's largest |weight|: far above the
-        // matcher's tolerance (1e-11 of it) and the Gavel LP's (1e-9), below the resolution
-        // of the predictor's f32 model: no real gain is lost.
-        let scale = edges.iter().fold(0.0f64, |m, e| m.max(e.2.abs()));
+        // A job's current pair gets KEEP_EPS of the round's largest |weight| (DRF's admission
+        // tier left out): far above the matcher's tolerance (1e-11 of it) and the Gavel LP's
+        // (1e-9), below the resolution of the predictor's f32 model: no real gain is lost.
+        let scale = edges.iter().fold(0.0f64, |m, e| {
+            m.max(shaped.as_ref().map_or(e.2, |s| s.ranking_part(e.1, e.2)).abs())
+        });
         for e in edges.iter_mut().filter(|e| current_of(e.1) == Some(e.0)) {
             e.2 += KEEP_EPS * scale;
         }
