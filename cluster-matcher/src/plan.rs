@@ -227,6 +227,11 @@ impl Planner {
 /// largest |weight| (see `plan_core`): breaks ties in favour of not moving a running job.
 pub const KEEP_EPS: f64 = 1e-6;
 
+/// Pairwise path: above this many GPU x job pairs a round logs a warning (the class solver,
+/// which only max-throughput uses, solves such rounds in milliseconds; pairwise takes seconds
+/// to minutes).
+pub const PAIRWISE_WARN_PAIRS: usize = 100_000;
+
 /// One usable online GPU in this round.
 struct Candidate<'a> {
     at: GpuRef,
@@ -729,6 +734,15 @@ pub(crate) fn plan_core(
         });
         for e in edges.iter_mut().filter(|e| current_of(e.1) == Some(e.0)) {
             e.2 += KEEP_EPS * scale;
+        }
+        if candidates.len().saturating_mul(workloads.offline.len()) > PAIRWISE_WARN_PAIRS {
+            tracing::warn!(
+                round,
+                gpus = candidates.len(),
+                offline = workloads.offline.len(),
+                policy = cluster.policy.name(),
+                "large round solved pairwise (no class solver for this policy or input): expect seconds to minutes"
+            );
         }
         let weights = match SparseWeights::from_edges(candidates.len(), workloads.offline.len(), edges) {
             Ok(w) => w,
