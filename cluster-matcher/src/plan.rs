@@ -223,6 +223,15 @@ impl Planner {
     }
 }
 
+/// Pairwise path: the keep bonus of a running job's current pair, as a share of the round's
+/// largest |weight| (see `plan_core`): breaks ties in favour of not moving a running job.
+pub const KEEP_EPS: f64 = 1e-6;
+
+/// Pairwise path: above this many GPU x job pairs a round logs a warning (the class solver,
+/// which only max-throughput uses, solves such rounds in milliseconds; pairwise takes seconds
+/// to minutes).
+pub const PAIRWISE_WARN_PAIRS: usize = 100_000;
+
 /// One usable online GPU in this round.
 struct Candidate<'a> {
     at: GpuRef,
@@ -714,6 +723,26 @@ pub(crate) fn plan_core(
                     edges.push((gi, j, w));
                 }
             }
+        }
+        // Among equally good plans, keep running jobs where they run (the class path does so
+        // when it expands classes to pairs): every move kills and restarts a training job.
+        // A job's current pair gets KEEP_EPS of the round's largest |weight| (DRF's admission
+        // tier left out): far above the matcher's tolerance (1e-11 of it) and the Gavel LP's
+        // (1e-9), below the resolution of the predictor's f32 model: no real gain is lost.
+        let scale = edges.iter().fold(0.0f64, |m, e| {
+            m.max(shaped.as_ref().map_or(e.2, |s| s.ranking_part(e.1, e.2)).abs())
+        });
+        for e in edges.iter_mut().filter(|e| current_of(e.1) == Some(e.0)) {
+            e.2 += KEEP_EPS * scale;
+        }
+        if candidates.len().saturating_mul(workloads.offline.len()) > PAIRWISE_WARN_PAIRS {
+            tracing::warn!(
+                round,
+                gpus = candidates.len(),
+                offline = workloads.offline.len(),
+                policy = cluster.policy.name(),
+                "large round solved pairwise (no class solver for this policy or input): expect seconds to minutes"
+            );
         }
         let weights = match SparseWeights::from_edges(candidates.len(), workloads.offline.len(), edges) {
             Ok(w) => w,

@@ -13,9 +13,12 @@
 //!   share is largest; the round's matching then realizes those time shares (Gavel's
 //!   round-based mechanism, without its received-time history).
 //! * [`Policy::Drf`]: Dominant Resource Fairness (Ghodsi et al., NSDI'11) across offline
-//!   tenants over (SM share, GPU memory) of the round's shared GPUs (`drf`): each tenant may
-//!   place as many jobs as DRF's progressive filling gives it (its oldest jobs, running ones
-//!   first); the matching maximizes throughput within those quotas.
+//!   tenants over (SM share, GPU memory) of the round's shared GPUs (`drf`): each tenant's
+//!   quota is what DRF's progressive filling gives it over its jobs that may run somewhere
+//!   this round (its oldest jobs, running ones first); the matching places as many admitted
+//!   jobs as it can, maximizing throughput among those plans, and gives GPUs that no admitted
+//!   job can use to jobs over quota (work-conserving: no GPU idles while a job that fits it
+//!   waits).
 //! * [`Policy::Optimus`]: Optimus-style marginal gain (Peng et al., EuroSys'18): a pair is
 //!   worth the share of the job's remaining work it completes per second
 //!   (`predicted / remaining_s`, [`JobFeedback::remaining_s`]), so the matching spends GPUs
@@ -136,6 +139,10 @@ pub enum Shaped {
     Drf {
         /// Whether each job is within its tenant's quota.
         admitted: Vec<bool>,
+        /// Added to an admitted job's pairs: more than any matching's whole predicted
+        /// throughput, so the matching places as many admitted jobs as it can first and
+        /// gives jobs over quota only GPUs no admitted job can use (work-conserving).
+        bonus: f64,
     },
     /// Optimus marginal gain.
     Optimus {
@@ -155,11 +162,11 @@ impl Shaped {
     pub fn weight(&self, gi: usize, j: usize, base: f64) -> f64 {
         match self {
             Shaped::Gavel { x, types, gpu_type } => x[j * types + gpu_type[gi]] + GAVEL_THROUGHPUT_EPS * base,
-            Shaped::Drf { admitted } => {
+            Shaped::Drf { admitted, bonus } => {
                 if admitted[j] {
-                    base
+                    base + bonus
                 } else {
-                    FORBIDDEN
+                    base
                 }
             }
             Shaped::Optimus { inv_remaining } => base * inv_remaining[j],
@@ -168,6 +175,17 @@ impl Shaped {
                 Some((g, false)) if g == gi => FORBIDDEN,
                 _ => 1.0,
             },
+        }
+    }
+}
+
+impl Shaped {
+    /// The part of job `j`'s shaped weight `w` that ranks its pairs: `w` less DRF's admission
+    /// tier (the scale of the pairwise path's keep bonus).
+    pub fn ranking_part(&self, j: usize, w: f64) -> f64 {
+        match self {
+            Shaped::Drf { admitted, bonus } if admitted[j] => w - bonus,
+            _ => w,
         }
     }
 }
@@ -187,7 +205,7 @@ pub fn shape(
     match policy {
         Policy::MaxThroughput => None,
         Policy::GavelMaxMin => Some(gavel::shape(slots, jobs.len(), per_gpu, weight)),
-        Policy::Drf => Some(drf::shape(slots, jobs, per_gpu, current)),
+        Policy::Drf => Some(drf::shape(slots, jobs, per_gpu, weight, current)),
         Policy::Optimus => Some(Shaped::Optimus {
             inv_remaining: jobs
                 .iter()

@@ -106,3 +106,93 @@ fn gavel_round_uses_every_gpu() {
     assert_eq!(plan.assignments.len(), 2, "{plan:?}");
     assert_eq!(plan.unplaced.len(), 1, "{plan:?}");
 }
+
+/// Two running jobs with identical weights everywhere (and two waiting ones of the same
+/// weight): no policy may move or break a running job, since no move gains anything (each
+/// move kills and restarts a training job). The pairwise path used to swap them under
+/// optimus and drf ("moved to n0/0 (better plan)") and gavel-max-min broke one to place a
+/// waiting job of equal weight.
+#[test]
+fn equal_weights_keep_every_running_job_where_it_runs() {
+    let mut wrong = Vec::new();
+    for policy in Policy::ALL {
+        for (ga, gb) in [(1, 0), (0, 1)] {
+            let mut c = cluster(&[("n0", "V100", 2, 32_000)]);
+            c.policy = policy;
+            let mut a1 = offline("a1", 1000, 1.0);
+            a1.current = Some(GpuRef { node: "n0".into(), gpu: ga });
+            let mut a2 = offline("a2", 1000, 1.0);
+            a2.current = Some(GpuRef { node: "n0".into(), gpu: gb });
+            let w = Workloads {
+                online: vec![online("s0", "n0", 0, 4000, 40.0, 1.0), online("s1", "n0", 1, 4000, 40.0, 1.0)],
+                offline: vec![a1, a2, offline("b1", 1000, 1.0), offline("b2", 1000, 1.0)],
+            };
+            let plan = plan_round(&c, &w, &similarity_predictor(), &healthy, 1);
+            let mut kept: Vec<(String, u32)> =
+                plan.assignments.iter().filter(|a| a.kept).map(|a| (a.offline.clone(), a.at.gpu)).collect();
+            kept.sort();
+            if !plan.breaks.is_empty() || kept != [("a1".to_string(), ga), ("a2".to_string(), gb)] {
+                wrong.push(format!("{} (a1 on {ga}): {:?}", policy.name(), plan.breaks));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// DRF is work-conserving: one node with two V100s; tenant `a`'s two jobs may only run on
+/// K80s, tenant `b` has two jobs. Pooled DRF gave each tenant one task, so `b` got one GPU
+/// and the other idled while `b`'s second job waited; a tenant that cannot run anywhere
+/// takes no quota.
+#[test]
+fn drf_does_not_idle_gpus_for_a_tenant_that_cannot_use_them() {
+    let mut c = cluster(&[("n0", "V100", 2, 32_000)]);
+    c.policy = Policy::Drf;
+    let job = |name: &str, tenant: &str, types: &[&str]| {
+        let mut j = offline(name, 1000, 1.0);
+        j.tenant = tenant.into();
+        j.gpu_types = types.iter().map(|t| t.to_string()).collect();
+        j
+    };
+    let w = Workloads {
+        online: vec![online("s0", "n0", 0, 4000, 40.0, 1.0), online("s1", "n0", 1, 4000, 40.0, 1.0)],
+        offline: vec![job("a1", "a", &["K80"]), job("a2", "a", &["K80"]), job("b1", "b", &[]), job("b2", "b", &[])],
+    };
+    let names = |v: Vec<(String, u32)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    assert_eq!(names(placed(&c, &w)), vec!["b1", "b2"]);
+}
+
+/// DRF keeps filling while some tenant still fits: one K80 and two V100s; tenant `a`'s jobs
+/// run only on the K80, `b`'s anywhere. Pooled filling gives `a` two tasks (a1, b1, a2) of
+/// which one can run, so a V100 idled while `b2` waited. `a` still gets its one runnable
+/// share (the K80) and `b` both V100s.
+#[test]
+fn drf_fills_what_a_constrained_tenant_leaves() {
+    let mut c = cluster(&[("k", "K80", 1, 32_000), ("v", "V100", 2, 32_000)]);
+    c.policy = Policy::Drf;
+    let job = |name: &str, tenant: &str, types: &[&str]| {
+        let mut j = offline(name, 1000, 1.0);
+        j.tenant = tenant.into();
+        j.gpu_types = types.iter().map(|t| t.to_string()).collect();
+        j
+    };
+    let w = Workloads {
+        online: vec![
+            online("s0", "k", 0, 4000, 40.0, 1.0),
+            online("s1", "v", 0, 4000, 40.0, 1.0),
+            online("s2", "v", 1, 4000, 40.0, 1.0),
+        ],
+        offline: vec![
+            job("a1", "a", &["K80"]),
+            job("a2", "a", &["K80"]),
+            job("a3", "a", &["K80"]),
+            job("b1", "b", &[]),
+            job("b2", "b", &[]),
+            job("b3", "b", &[]),
+        ],
+    };
+    let got = placed(&c, &w);
+    assert_eq!(got.len(), 3, "{got:?}");
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.iter().filter(|n| n.starts_with('a')).count(), 1, "{got:?}");
+    assert_eq!(names.iter().filter(|n| n.starts_with('b')).count(), 2, "{got:?}");
+}

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use super::{Shaped, Slot};
+use crate::matching::FORBIDDEN;
 use crate::plan::OfflineJob;
 
 /// DRF by progressive filling: `capacity[r]` of each resource, `demand[u][r]` per task of
@@ -47,16 +48,36 @@ pub fn drf_limited(capacity: &[f64], demand: &[Vec<f64>], limit: &[u32]) -> Vec<
 /// The round's DRF quotas: resources are the slots' SM percentages and offline memory pooled;
 /// a task of tenant `t` needs one job slot's mean SM share (the GPUs' SM over `per_gpu`
 /// jobs each) and the mean memory of `t`'s jobs; a tenant has at most as many tasks as jobs.
-/// Each tenant's running jobs come first, then its jobs in list (queue) order.
+/// Only jobs with an allowed pair (`weight(gi, j)` not [`FORBIDDEN`] for some slot) count: a
+/// tenant whose jobs can run nowhere this round takes no share. Each tenant's running jobs
+/// come first, then its jobs in list (queue) order. Jobs over quota are not refused: the
+/// admitted ones get [`Shaped::Drf`]'s `bonus`, so the matching fills what they cannot use
+/// with the others.
 pub(super) fn shape(
     slots: &[Slot],
     jobs: &[OfflineJob],
     per_gpu: usize,
+    weight: &dyn Fn(usize, usize) -> f64,
     current: &dyn Fn(usize) -> Option<usize>,
 ) -> Shaped {
     let mut tenant_of: HashMap<&str, usize> = HashMap::new();
     let mut members: Vec<Vec<usize>> = Vec::new();
+    let mut largest = 0.0f64;
+    let mut runnable = 0usize;
     for (j, job) in jobs.iter().enumerate() {
+        let mut allowed = false;
+        for gi in 0..slots.len() {
+            let w = weight(gi, j);
+            if w != FORBIDDEN {
+                allowed = true;
+                largest = largest.max(w.abs());
+            }
+        }
+        // A running job counts even where its pair is held outside the matching.
+        if !allowed && current(j).is_none() {
+            continue;
+        }
+        runnable += 1;
         let next = members.len();
         let t = *tenant_of.entry(job.tenant.as_str()).or_insert(next);
         if t == next {
@@ -80,7 +101,10 @@ pub(super) fn shape(
             admitted[j] = true;
         }
     }
-    Shaped::Drf { admitted }
+    // One more admitted job placed outweighs any change in the placed jobs' throughput.
+    let placeable = runnable.min(slots.len().saturating_mul(per_gpu.max(1)));
+    let bonus = largest.max(1.0) * (placeable as f64 + 1.0);
+    Shaped::Drf { admitted, bonus }
 }
 
 #[cfg(test)]
@@ -127,7 +151,7 @@ mod tests {
         jobs.extend((0..12).map(|i| mk(i, "b", 2_000)));
         // Job a11 runs on GPU 3.
         let cur = |j: usize| (j == 11).then_some(3);
-        let Shaped::Drf { admitted } = shape(&slots, &jobs, 2, &cur) else { panic!("not DRF") };
+        let Shaped::Drf { admitted, .. } = shape(&slots, &jobs, 2, &|_, _| 1.0, &cur) else { panic!("not DRF") };
         let a: Vec<usize> = (0..12).filter(|&j| admitted[j]).collect();
         assert_eq!(a, vec![0, 1, 2, 3, 11]);
         assert_eq!((12..24).filter(|&j| admitted[j]).count(), 7);
