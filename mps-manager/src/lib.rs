@@ -24,3 +24,4 @@ pub mod control;
 pub mod detect;
 pub mod manager;
 pub mod outside;
+pub mod serverlog;

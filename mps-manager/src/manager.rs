@@ -265,6 +265,9 @@ pub struct Manager {
     /// a registration is no evidence that a server still lists it: a listed dead client is
     /// caught again by its server's list ([`crate::detect::Observation::dead_listed`]).
     dead_reported: BTreeSet<(u32, u64)>,
+    /// The servers' `server.log`, for the clients a fatal GPU error tore down
+    /// ([`crate::serverlog`]).
+    server_log: crate::serverlog::ServerLog,
     /// The rate limit was already logged in this episode.
     limited_logged: bool,
     /// A `ClientsStuck` naming no process an MPS server lists was already logged in this
@@ -438,6 +441,7 @@ impl Manager {
     /// Opens (or creates) the GPU's ledger and sets up the control client; starts nothing.
     pub fn new(cfg: Config) -> Result<Manager, String> {
         let pods = node_ledger::pods::PodLedgers::new(&cfg.ledger_dir, cfg.gpu_index);
+        let server_log = crate::serverlog::ServerLog::new(&cfg.log_dir.join("server.log"));
         let ledger = Ledger::open_or_create(&cfg.ledger_path(), cfg.gpu_index)
             .map_err(|e| format!("ledger: {e}"))?;
         let mut status = node_daemon::status::StatusKeeper::new(
@@ -467,6 +471,7 @@ impl Manager {
             limiter: RateLimiter::default(),
             logged_faults: HashSet::new(),
             dead_reported: BTreeSet::new(),
+            server_log,
             limited_logged: false,
             stuck_unlisted_logged: false,
             xid_pending: None,
@@ -986,6 +991,35 @@ impl Manager {
         self.host_pids.retain(|k| keys.contains(k));
     }
 
+    /// Asks the offline processes the servers' log reports torn down by a fatal GPU error
+    /// ([`crate::serverlog`]) to leave: until every torn-down client has exited the server
+    /// takes no new client, the online service's restarted ones included. `raw` and `offline`:
+    /// the registrations as read and in this manager's terms (same order). A pid that is no
+    /// registered offline process found here (the online service's, another user's) is left
+    /// to its owner, and said once.
+    fn evict_torn_down(&mut self, raw: &[node_ledger::ProcSnapshot], offline: &[node_ledger::ProcSnapshot]) {
+        for pid in self.server_log.torn_down() {
+            let found = offline.iter().zip(raw).find(|(p, _)| p.pid_ns == self.own_ns && p.pid == pid);
+            let Some((_, r)) = found else {
+                tracing::warn!(
+                    gpu = self.cfg.gpu_index,
+                    pid,
+                    "the MPS server reports a client torn down by a fatal GPU error that is no offline process of this GPU: \
+                     the server takes no new client until it exits (left to its owner)"
+                );
+                continue;
+            };
+            let asked = self.request_evict_id(node_ledger::ProcId::of(r), Some(pid));
+            tracing::warn!(
+                gpu = self.cfg.gpu_index,
+                pid,
+                asked = ?asked,
+                "an offline client was torn down by a fatal GPU error: asked to leave, since the MPS server takes no new \
+                 client (the online service's restarts included) until it exits"
+            );
+        }
+    }
+
     /// Asks the process `id` names (as the ledger names it, [`Manager::registered`]) to leave:
     /// a request addressed to its pid namespace, pid and start time in this manager's table of
     /// the status file, which the process's shim acts on whatever its pid namespace, and which
@@ -1143,6 +1177,7 @@ impl Manager {
             .collect();
         self.dead_reported.retain(|d| dead.contains(d));
         o.dead_offline = dead.iter().filter(|d| self.dead_reported.insert(**d)).map(|d| d.0).collect();
+        self.evict_torn_down(&raw, &offline);
         // A client killed holding its context stays on its server's list, hanging the server's
         // other clients, until it is terminated, whether or not its ledger registration is
         // still there (the monitor reclaims a dead process's registration within a second).

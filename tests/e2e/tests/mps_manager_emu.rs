@@ -686,6 +686,54 @@ fn a_client_the_monitor_will_sigkill_is_terminated_in_mps_first() {
     assert_eq!(terminated_after_death, 0, "nothing left to terminate after the kill: {v:#}");
 }
 
+/// After a fatal GPU error (a client SIGKILLed with kernels in flight, which an H200 turned
+/// into one 12 times in 20) the MPS server takes no new client until every client it tore down
+/// has exited (NVIDIA's MPS docs, "Server Recovery"; the emulator refuses with
+/// CUDA_ERROR_MPS_SERVER_NOT_READY). An offline process torn down with the online client that
+/// does not exit (here one sleeping holding its dead context) kept the online service's
+/// restarted client out for good. The server names each torn-down client in `server.log`;
+/// mps-manager asks the offline ones to leave, the monitor evicts them, and the online
+/// service's restart gets in.
+#[test]
+fn an_offline_client_torn_down_by_a_fatal_error_is_made_to_leave_so_the_online_service_gets_back_in() {
+    let n = EmuHost::node();
+    let _mon = n.start_monitor(
+        "mon.json",
+        r#"{"interval_ms": 10, "host_memory": {"enabled": false}, "evictor": {"grace_ms": 1000},
+            "machine": {"sm_activity": {"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false},
+                        "gpu_util": {"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false},
+                        "sm_clock": {"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}"#,
+    );
+    n.wait_state(T, "healthy", |v| v["state"] == "healthy");
+    let dev = n.device();
+    dev.set_mps_kill_teardown(true);
+    let _manager = start_manager(&n);
+    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    // The offline job that will linger: registered by its own process (as a shimmed one is).
+    let mut lingering = n.spawn_helper_offline("gpu-mem-registered", "64");
+    let lp = lingering.pid();
+    wait_until("the lingering offline client on MPS", || dev.snapshot().processes.iter().any(|p| p.pid == lp && p.mps_client));
+    let load = Load::start(&n, 0.3, 1.0);
+    online_progresses(&load, "online kernels on MPS");
+    // Another offline job, killed with kernels in flight: the fatal error.
+    let mut killed = n.spawn_helper_offline("gpu-mem-stubborn", "64");
+    let kp = killed.pid();
+    wait_until("the killed client's kernels in flight", || {
+        dev.snapshot().processes.iter().any(|p| p.pid == kp && p.mps_client && p.kernels > 0)
+    });
+    killed.kill9();
+    wait_until("the fatal error", || dev.mps_status().fatal_errors == 1);
+    assert!(lingering.alive(), "torn down, not dead");
+    let said = format!("Client {{PID: {lp}}} encountered a fatal GPU error");
+    wait_until("the server's report", || std::fs::read_to_string(n.log_dir().join("server.log")).is_ok_and(|t| t.contains(&said)));
+    // The manager asks the lingering one to leave; the monitor evicts it; then the online
+    // service's restarted client connects and works.
+    n.wait_log(T, "the manager's request", "mps.json", |l| l.contains("torn down by a fatal GPU error: asked to leave") && l.contains(&format!("pid={lp}")));
+    assert!(lingering.wait_exit(T).is_some(), "the torn-down offline client was evicted");
+    online_progresses(&load, "the online service's restarted client after the recovery");
+    assert!(load.relaunches.load(Ordering::Relaxed) >= 1, "the online client was torn down and restarted");
+}
+
 #[test]
 fn sighup_with_a_broken_config_keeps_the_old_one_and_says_why() {
     let n = EmuHost::node();

@@ -146,6 +146,9 @@ pub struct ProcessInfo {
     /// MPS runs, but this process found no control daemon at its `CUDA_MPS_PIPE_DIRECTORY`:
     /// it runs without MPS.
     pub mps_outside: bool,
+    /// The running MPS server tore it down after a fatal GPU error (its CUDA calls fail with
+    /// the sticky error): until it exits the server takes no new client.
+    pub mps_torn_down: bool,
     /// Cumulative SM-weighted busy time of its kernels, in ns.
     pub sm_time_ns: f64,
     /// Its kernels currently queued or running.
@@ -507,6 +510,7 @@ impl Device {
                     mps_handed: h.mps_enabled != 0 && handed_not_connected(h, cl),
                     mps_asking: h.mps_enabled != 0 && cl.mps_conn == mps_conn::ASKED,
                     mps_outside: h.mps_enabled != 0 && cl.mps_conn == mps_conn::OUTSIDE,
+                    mps_torn_down: cl.terminated == 2 && cl.mps_gen == h.mps_generation && cl.mps_gen != 0,
                     sm_time_ns: cl.sm_time_ns,
                     kernels: g
                         .live()

@@ -59,6 +59,11 @@ pub trait DeviceLink {
     fn set_new_client_percentage(&mut self, pct: f64) -> Result<(), String>;
     /// Terminates a client's GPU work (`terminate_client`).
     fn terminate_client(&mut self, pid: u32) -> Result<(), String>;
+    /// Clients the running server tore down after a fatal GPU error that have not exited yet
+    /// (until they have, the server takes no new client).
+    fn torn_down(&mut self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// One MPS server process.
@@ -88,6 +93,10 @@ pub struct Daemon<D: DeviceLink> {
     /// for its context): never served again while they hold that connection (a real client's
     /// connection fails; the daemon does not start a server for it over and over).
     failed_clients: Vec<u32>,
+    /// `server.log`: each client a fatal GPU error tore down, once ([`Daemon::poll`]).
+    server_log: Option<ControlLog>,
+    /// The torn-down clients already reported there.
+    reported_torn_down: Vec<u32>,
 }
 
 /// The answer to one command.
@@ -119,7 +128,23 @@ impl<D: DeviceLink> Daemon<D> {
             default_pinned: BTreeMap::new(),
             servers: Vec::new(),
             failed_clients: Vec::new(),
+            server_log: None,
+            reported_torn_down: Vec::new(),
         }
+    }
+
+    /// Re-reads the pid its logs write (after daemonising, the writer is a new process).
+    pub fn refresh_log_pids(&mut self) {
+        self.log.refresh_pid();
+        if let Some(l) = &mut self.server_log {
+            l.refresh_pid();
+        }
+    }
+
+    /// Writes the servers' reports to `log` (`server.log`).
+    pub fn with_server_log(mut self, log: ControlLog) -> Self {
+        self.server_log = Some(log);
+        self
     }
 
     /// The log, for the socket loop's own lines.
@@ -266,6 +291,18 @@ impl<D: DeviceLink> Daemon<D> {
         }
         for (pid, uid) in requests {
             self.serve_request(pid, uid);
+        }
+        // A client the server tore down after a fatal GPU error, as an H200's server reported
+        // it ("Client {PID: N} encountered a fatal GPU error ..."); once per client.
+        let torn = self.device.torn_down();
+        self.reported_torn_down.retain(|p| torn.contains(p));
+        for pid in torn {
+            if !self.reported_torn_down.contains(&pid) {
+                self.reported_torn_down.push(pid);
+                if let Some(l) = &mut self.server_log {
+                    l.line(&format!("Client {{PID: {pid}}} encountered a fatal GPU error. The following client process have a sticky error set: {pid}"));
+                }
+            }
         }
         // Clients the device shows on a server this daemon has not listed them on (a client
         // that died holding a context is still its server's until terminated).

@@ -49,6 +49,10 @@ impl DeviceLink for EmuLink {
         Ok(self.dev.mps_requests())
     }
 
+    fn torn_down(&mut self) -> Vec<u32> {
+        self.dev.snapshot().processes.iter().filter(|p| p.mps_torn_down).map(|p| p.pid).collect()
+    }
+
     fn hand_over(&mut self, client: u32, server: u32) -> Result<bool, String> {
         self.dev.mps_hand_over(client, server).map_err(|e| e.to_string())
     }

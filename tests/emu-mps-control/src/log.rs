@@ -1,15 +1,18 @@
 //! `control.log` in `CUDA_MPS_LOG_DIRECTORY`, in the real daemon's line format
-//! (`[2024-06-10 15:16:40.777 Control 111377] Starting control daemon using socket ...`).
+//! (`[2024-06-10 15:16:40.777 Control 111377] Starting control daemon using socket ...`), and
+//! `server.log` beside it, where the emulated servers' lines go (`[... Server ...] ...`).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Appends timestamped lines to `control.log`.
+/// Appends timestamped lines to `control.log` (or `server.log`).
 pub struct ControlLog {
     file: Option<File>,
     pid: u32,
+    /// `Control` or `Server`, as the real logs tag their lines.
+    tag: &'static str,
 }
 
 /// `YYYY-MM-DD HH:MM:SS.mmm` (UTC) for a time since the epoch.
@@ -38,14 +41,22 @@ pub fn timestamp(since_epoch: std::time::Duration) -> String {
 impl ControlLog {
     /// Opens (creating) `<dir>/control.log` for appending.
     pub fn open(dir: &Path) -> std::io::Result<Self> {
+        Self::open_as(dir, "control.log", "Control")
+    }
+
+    /// Opens (creating) `<dir>/server.log` for appending: what the servers report (a client
+    /// a fatal GPU error tore down).
+    pub fn open_server(dir: &Path) -> std::io::Result<Self> {
+        Self::open_as(dir, "server.log", "Server")
+    }
+
+    fn open_as(dir: &Path, name: &str, tag: &'static str) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("control.log"))?;
+        let file = OpenOptions::new().create(true).append(true).open(dir.join(name))?;
         Ok(ControlLog {
             file: Some(file),
             pid: std::process::id(),
+            tag,
         })
     }
 
@@ -55,6 +66,7 @@ impl ControlLog {
         ControlLog {
             file: None,
             pid: std::process::id(),
+            tag: "Control",
         }
     }
 
@@ -69,7 +81,7 @@ impl ControlLog {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
-            let _ = writeln!(f, "[{} Control {:>5}] {msg}", timestamp(now), self.pid);
+            let _ = writeln!(f, "[{} {} {:>5}] {msg}", timestamp(now), self.tag, self.pid);
         }
     }
 }

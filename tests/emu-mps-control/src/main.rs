@@ -168,10 +168,12 @@ fn daemon_main(background: bool) -> Result<(), String> {
     let listener =
         UnixListener::bind(&sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("locating own executable: {e}"))?;
-    let mut d = Daemon::new(device, log, vec![exe.into(), server::FLAG.into()]);
+    let server_log = log::ControlLog::open_server(&logs)
+        .map_err(|e| format!("opening {}/server.log: {e}", logs.display()))?;
+    let mut d = Daemon::new(device, log, vec![exe.into(), server::FLAG.into()]).with_server_log(server_log);
     let ready = if background {
         let fd = daemonize()?;
-        d.log().refresh_pid();
+        d.refresh_log_pids();
         Some(fd)
     } else {
         None
