@@ -628,6 +628,30 @@ fn an_application_xid_disables_nothing_and_resets_nothing() {
     online_kept_its_context(&load, &dev, generation, "the application XIDs");
 }
 
+/// A node whose emulated device tears an MPS server's clients down when one dies with kernels
+/// in flight (`GPUEMU_MPS_KILL=teardown`), with a monitor (eviction grace `grace_ms`, SM activity
+/// judged by `sm_activity` (the block, then any further `machine` keys), the busy time and the
+/// clock not judged) and the manager running: the node, the monitor, the device, the manager
+/// and the manager's state once its daemon started.
+fn teardown_node(grace_ms: u64, sm_activity: &str) -> (EmuHost, EmuChild, e2e::emu_device::Device, EmuChild, Value) {
+    let n = EmuHost::node();
+    let mon = n.start_monitor(
+        "mon.json",
+        &format!(
+            r#"{{"interval_ms": 10, "host_memory": {{"enabled": false}}, "evictor": {{"grace_ms": {grace_ms}}},
+                "machine": {{"sm_activity": {sm_activity},
+                            "gpu_util": {{"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false}},
+                            "sm_clock": {{"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}}}}"#
+        ),
+    );
+    n.wait_state(T, "healthy", |v| v["state"] == "healthy");
+    let dev = n.device();
+    dev.set_mps_kill_teardown(true);
+    let manager = start_manager(&n);
+    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    (n, mon, dev, manager, v)
+}
+
 /// An offline process that ignores the monitor's SIGTERM is SIGKILLed when the grace runs out.
 /// On real MPS a SIGKILL with kernels in flight can make the server tear down the online
 /// neighbour (an H200: 12 of 20 kills); the emulated device here does so every time
@@ -637,20 +661,7 @@ fn an_application_xid_disables_nothing_and_resets_nothing() {
 /// before the kill (the first wait times out) and the kill tears the online client down.
 #[test]
 fn a_client_the_monitor_will_sigkill_is_terminated_in_mps_first() {
-    let n = EmuHost::node();
-    let _mon = n.start_monitor(
-        "mon.json",
-        r#"{"interval_ms": 10, "host_memory": {"enabled": false}, "evictor": {"grace_ms": 2000},
-            "machine": {"sm_activity": {"healthy": 5, "unhealthy": 10, "overlimit": 20},
-                        "overlimit_sustain_ms": 0,
-                        "gpu_util": {"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false},
-                        "sm_clock": {"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}"#,
-    );
-    n.wait_state(T, "healthy", |v| v["state"] == "healthy");
-    let dev = n.device();
-    dev.set_mps_kill_teardown(true);
-    let _manager = start_manager(&n);
-    let v = mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let (n, _mon, dev, _manager, v) = teardown_node(2000, r#"{"healthy": 5, "unhealthy": 10, "overlimit": 20}, "overlimit_sustain_ms": 0"#);
     let daemon = v["daemon_pid"].as_u64().unwrap();
     let ledger = node_ledger::Ledger::open_or_create(&n.ledger_path(), 0).unwrap();
     let mut off = n.spawn_helper_offline("gpu-mem-stubborn", "256");
@@ -696,19 +707,7 @@ fn a_client_the_monitor_will_sigkill_is_terminated_in_mps_first() {
 /// service's restart gets in.
 #[test]
 fn an_offline_client_torn_down_by_a_fatal_error_is_made_to_leave_so_the_online_service_gets_back_in() {
-    let n = EmuHost::node();
-    let _mon = n.start_monitor(
-        "mon.json",
-        r#"{"interval_ms": 10, "host_memory": {"enabled": false}, "evictor": {"grace_ms": 1000},
-            "machine": {"sm_activity": {"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false},
-                        "gpu_util": {"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false},
-                        "sm_clock": {"healthy": 3, "unhealthy": 2, "overlimit": 1, "direction": "below", "enabled": false}}}"#,
-    );
-    n.wait_state(T, "healthy", |v| v["state"] == "healthy");
-    let dev = n.device();
-    dev.set_mps_kill_teardown(true);
-    let _manager = start_manager(&n);
-    mstate(&n, "daemon started", |v| v["daemon_pid"].is_u64());
+    let (n, _mon, dev, _manager, _) = teardown_node(1000, r#"{"healthy": 97, "unhealthy": 98, "overlimit": 99, "enabled": false}"#);
     // The offline job that will linger: registered by its own process (as a shimmed one is).
     let mut lingering = n.spawn_helper_offline("gpu-mem-registered", "64");
     let lp = lingering.pid();
