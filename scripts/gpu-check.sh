@@ -16,6 +16,10 @@
 #   capture-mem a graph captured from a stream (cuMemAllocAsync of 60 % of the quota as its
 #               memory node, nothing allocated then), 60 % more allocated with cuMemAlloc: the
 #               graph's launch is refused before anything is mapped
+#   small-allocs 1000 cuMemAlloc of 1 MiB + 4 KiB each under the shim: what the driver charges
+#               for them (NVML, outside the shim, against the process's context alone) must not
+#               exceed what the shim counts (the bytes asked for) by more than 5 % + 16 MiB; a
+#               driver that backs each with whole large pages would make the quota looser
 #   throttle    the offline client alone, without and with the shim (monitor running): the shim
 #               must slow it toward its target load (its rate once settled, after 4 of 10 s),
 #               and the monitor must not evict it for using an idle GPU
@@ -122,7 +126,7 @@ if [[ -n "${GPU_CHECK_RECOVERY_DELETION:-}" && -n "${GPU_CHECK_RECOVERY_SIGTERM_
     echo "gpu-check: GPU_CHECK_RECOVERY_DELETION and GPU_CHECK_RECOVERY_SIGTERM_FIRST are two ways to end the client: one at a time" >&2
     exit 2
 fi
-all_checks=(monitor-cpu nvml-cost quota torch-quota pool-keep stack-limit capture-mem throttle mps-server
+all_checks=(monitor-cpu nvml-cost quota torch-quota pool-keep stack-limit capture-mem small-allocs throttle mps-server
     throttle-cap exit fence shm pipe-ro node recovery server-restart mps-clients launch-cost)
 mps_checks=(mps-server throttle-cap exit fence shm pipe-ro node recovery server-restart mps-clients)
 if [[ -n $only ]]; then
@@ -663,6 +667,41 @@ check_capture_mem() {
         row capture-mem PASS "${chunk} MiB graph refused" "$detail"
     else
         row capture-mem FAIL "${chunk} MiB graph launched" "a captured graph launched past the quota: $detail"
+    fi
+}
+
+check_small_allocs() {
+    # Many small allocations: the shim counts the bytes asked for; a driver that backs each
+    # with whole pages (2 MiB large pages) charges more, which NVML shows outside the shim.
+    local quota o a ctx held asked n size refused charged
+    quota=$(quarter_quota gpu-check-small); n=1000
+    if (( quota <= 0 )); then row small-allocs FAIL "-" "the GPU's memory size unreadable"; return; fi
+    "${as_user[@]}" "${shim_env[@]}" "$py" "$client" small-allocs "$n" 4 >"$root/small.out" 2>"$root/small.err" &
+    a=$!
+    if ! wait_line "$root/small.out" '"phase": "ctx"' 60 $a; then
+        stop_pids $a
+        row small-allocs FAIL "-" "the client made no context in 60 s: $(tail -n 2 "$root/small.err" | plain)"; return
+    fi
+    ctx=$(nvml_used); kill -USR1 $a 2>/dev/null
+    if ! wait_line "$root/small.out" '"phase": "held"' 120 $a; then
+        stop_pids $a
+        row small-allocs FAIL "-" "the client did not finish its allocations in 120 s: $(tail -n 2 "$root/small.err" | plain)"; return
+    fi
+    held=$(nvml_used); kill -USR1 $a 2>/dev/null
+    wait_line "$root/small.out" '"freed"' 60 $a; stop_pids $a
+    o=$(grep '"phase": "held"' "$root/small.out")
+    asked=$(jget asked_mib <<<"$o"); n=$(jget allocations <<<"$o"); size=$(jget size_bytes <<<"$o"); refused=$(jget refused <<<"$o")
+    if [[ -n $(bad_figures ctx held n) ]] || ! [[ $asked =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+        row small-allocs FAIL "-" "unreadable figures: NVML ${ctx:-?} / ${held:-?} MiB, the client's ${asked:-?} MiB in ${n:-?}; $(tail -n 2 "$root/small.err" | plain)"; return
+    fi
+    charged=$(( held - ctx ))
+    local detail="$n allocations of $size bytes (${asked} MiB asked, all the shim counts; refused at the end: ${refused:-0}); NVML charged ${charged} MiB for them"
+    if (( n == 0 )); then
+        row small-allocs FAIL "-" "no allocation made: $detail $(tail -n 2 "$root/small.err" | plain)"
+    elif awk -v c="$charged" -v a="$asked" 'BEGIN { exit !(c <= a * 1.05 + 16) }'; then
+        row small-allocs PASS "${charged} MiB for ${asked} MiB" "$detail"
+    else
+        row small-allocs FAIL "${charged} MiB for ${asked} MiB" "the driver charges more than the shim counts (its allocation granularity): the quota is looser by the difference; $detail"
     fi
 }
 
@@ -1375,6 +1414,7 @@ if start_monitor; then
     want pool-keep && check_pool_keep
     want stack-limit && check_stack_limit
     want capture-mem && check_capture_mem
+    want small-allocs && check_small_allocs
     want throttle && check_throttle
     if ! picked "${mps_checks[@]}"; then
         : # no check picked needs MPS: none started

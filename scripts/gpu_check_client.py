@@ -327,10 +327,38 @@ def nvml_procs(index):
     out(check="nvml-procs", listed=len(procs))
 
 
+def small_allocs(count, extra_kib):
+    """COUNT allocations of 1 MiB + EXTRA_KIB KiB with cuMemAlloc, each kept (stopping at the
+    first refusal): what the shim counts is the bytes asked for; what the driver charges (NVML,
+    outside the shim) is rounded up to its own granularity. Prints a line (phase "ctx") once the
+    context exists and another (phase "held") once the allocations are made, each followed by a
+    wait for SIGUSR1 (at most 300 s): the kit reads NVML at each."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    cu = Cuda()
+    out(check="small-allocs", phase="ctx", pid=os.getpid())
+    signal.sigtimedwait({signal.SIGUSR1}, 300)
+    size = MIB + extra_kib * 1024
+    held, refused = [], 0
+    for _ in range(count):
+        p, r = cu.alloc(size)
+        if p is None:
+            refused = r
+            break
+        held.append(p)
+    out(check="small-allocs", phase="held", allocations=len(held), size_bytes=size,
+        asked_mib=round(len(held) * size / MIB, 1), refused=refused, pid=os.getpid())
+    signal.sigtimedwait({signal.SIGUSR1}, 300)
+    for p in held:
+        cu.free(p)
+    cu.release()
+    out(check="small-allocs", freed=len(held))
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit("usage: gpu_check_client.py quota CHUNK_MIB LIMIT_MIB [--hold] | hold MIB | "
                  "torch-quota CHUNK_MIB LIMIT_MIB [--hold] | pool-keep CHUNK_MIB [--hold] | stack-limit QUOTA_MIB | capture-mem CHUNK_MIB | "
+                 "small-allocs COUNT EXTRA_KIB | "
                  "nvml-used INDEX | "
                  "nvml-procs INDEX | ctx [--hold]")
     cmd, rest = argv[1], argv[2:]
@@ -350,6 +378,8 @@ def main(argv):
         stack_limit(nums[0])
     elif cmd == "capture-mem":
         capture_mem(nums[0])
+    elif cmd == "small-allocs":
+        small_allocs(nums[0], nums[1])
     elif cmd == "nvml-used":
         nvml_used(nums[0] if nums else 0)
     elif cmd == "nvml-procs":

@@ -214,3 +214,20 @@ fn the_check_kit_passes_on_the_emulated_t4_and_h100() {
         assert!(!table.contains(" FAIL "), "{profile}:\n{table}");
     }
 }
+
+/// The `small-allocs` row compares what the driver charges for 1000 allocations of 1 MiB +
+/// 4 KiB (NVML, outside the shim) with what the shim counts (the bytes asked for): PASS when
+/// they agree, as on the emulator; FAIL, naming both figures, on a driver that backs each
+/// allocation with whole 2 MiB pages (`GPUEMU_INJECT=alloc-granule-2m`), whose quota the shim
+/// would then hold looser than configured.
+#[test]
+fn the_small_allocations_row_tells_a_driver_that_charges_more_than_the_shim_counts() {
+    let (ok, out) = kit_with("t4", &["--only", "small-allocs"], &[]);
+    assert!(ok, "{out}");
+    assert_eq!(row(table_of(&out), "small-allocs")[1], "PASS", "{out}");
+    let (ok, out) = kit_with("t4", &["--only", "small-allocs"], &[("GPUEMU_INJECT", "alloc-granule-2m")]);
+    assert!(!ok, "a FAIL row fails the kit: {out}");
+    let r = row(table_of(&out), "small-allocs");
+    assert_eq!(r[1], "FAIL", "{out}");
+    assert!(out.contains("2000 MiB for 1003.9 MiB") && out.contains("looser"), "{out}");
+}
