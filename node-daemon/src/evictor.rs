@@ -29,16 +29,16 @@ pub const COMMAND_PLACEHOLDERS: [&str; 4] = ["{pid}", "{start_time}", "{reason}"
 
 impl EvictorConfig {
     /// Checks [`EvictorConfig::command`]: a program, `{pid}` passed somewhere (the command
-    /// must know which process to end), and no other `{word}` than the placeholders (a
-    /// misspelt `{starttime}` or `{pod}` would reach the command literally). Braces around
-    /// anything but a bare word (a shell's `{ a; }`, awk's `{print $1}`, `${VAR}`) are left
-    /// alone. Returns what is wrong.
+    /// must know which process to end), and no other `{word}` than the placeholders in an
+    /// argument of its own (a misspelt `{starttime}` or `--pod={pod}` would reach the command
+    /// literally). A script (an argument with spaces: `sh -c "... | awk '{print}'"`) and braces
+    /// around anything but a bare word (`${VAR}`) are left alone. Returns what is wrong.
     pub fn check_command(&self) -> Result<(), String> {
         let Some(c) = &self.command else { return Ok(()) };
         if c.first().is_none_or(|p| p.is_empty()) {
             return Err("must name a program (or be null for signals)".into());
         }
-        for a in c {
+        for a in c.iter().filter(|a| !a.contains(char::is_whitespace)) {
             let mut rest = a.as_str();
             while let Some(i) = rest.find('{') {
                 let after = &rest[i + 1..];
@@ -189,6 +189,12 @@ pub trait Signaller {
     fn signal(&mut self, pid: u32, start: u64, sig: i32) -> Result<bool, String>;
     /// Whether `pid` is alive (not a zombie) and still the process that started at `start`.
     fn alive(&mut self, pid: u32, start: u64) -> bool;
+    /// Whether the process is known to be gone: not [`Signaller::alive`], and not merely
+    /// unknown (a `/proc` read failing for want of descriptors). A pending eviction ends only
+    /// on this.
+    fn gone(&mut self, pid: u32, start: u64) -> bool {
+        !self.alive(pid, start)
+    }
 }
 
 /// Signals through a pidfd, so a recycled pid can never be hit.
@@ -202,6 +208,11 @@ impl Signaller for PidfdSignaller {
             let err = std::io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::ESRCH) {
                 return Ok(false);
+            }
+            // Out of descriptors or memory: nothing is known of the pid; no plain kill(2)
+            // (its check could not be made either). The caller tries again.
+            if err.raw_os_error() != Some(libc::ENOSYS) {
+                return Err(format!("pidfd_open({pid}): {err}"));
             }
             // Kernels without pidfd: check then kill (small reuse window remains).
             if !procinfo::is_alive(pid, start) {
@@ -250,6 +261,10 @@ impl Signaller for PidfdSignaller {
 
     fn alive(&mut self, pid: u32, start: u64) -> bool {
         procinfo::is_alive(pid, start)
+    }
+
+    fn gone(&mut self, pid: u32, start: u64) -> bool {
+        procinfo::liveness(pid, start) == procinfo::Liveness::Gone
     }
 }
 
@@ -670,7 +685,7 @@ impl<S: Signaller> Evictor<S> {
             let Some(host) = p.proc_.host_pid else {
                 continue;
             };
-            if !self.sig.alive(host, p.proc_.start_time) {
+            if self.sig.gone(host, p.proc_.start_time) {
                 gone.push(*k);
                 continue;
             }
@@ -694,7 +709,11 @@ impl<S: Signaller> Evictor<S> {
                         });
                     }
                     Ok(false) => {}
-                    Err(err) => tracing::error!(pid = p.proc_.pid, error = %err, "SIGKILL failed"),
+                    Err(err) => {
+                        // Tried again at the next tick (out of descriptors now, not later).
+                        p.killed = false;
+                        tracing::error!(pid = p.proc_.pid, error = %err, "SIGKILL failed; trying again at the next tick");
+                    }
                 }
             }
         }
@@ -715,6 +734,7 @@ mod tests {
         let check = |argv: &[&str]| EvictorConfig { command: Some(argv.iter().map(|a| a.to_string()).collect()), ..Default::default() }.check_command();
         assert_eq!(check(&["/bin/evict", "{pid}", "{start_time}", "{reason}", "--gpu={gpu}"]), Ok(()));
         assert_eq!(check(&["sh", "-c", "echo {pid} | awk '{print $1}'; { true; }; echo ${HOME} ${x_y}"]), Ok(()));
+        assert_eq!(check(&["sh", "-c", "kill {pid}; jq '{name}' f | awk '{print}'"]), Ok(()), "a script is its own language");
         for (argv, want) in [
             (&["/bin/evict", "{pid}", "{starttime}"][..], "{starttime}"),
             (&["/bin/evict", "--pod={pod}", "{pid}"][..], "{pod}"),
@@ -785,6 +805,44 @@ mod tests {
         ev.tick(&cfg(), 70, &mut out);
         assert_eq!(ev.in_flight(), 0);
         assert_eq!(out.last(), Some(&Event::Gone { pid: 10 }));
+    }
+
+    /// The daemon out of descriptors: `/proc` unreadable (neither alive nor gone) and the
+    /// SIGKILL's pidfd not opened. The eviction was dropped as if the process had exited, its
+    /// SIGKILL never sent; it stays pending now and the SIGKILL is sent once descriptors free.
+    #[test]
+    fn an_unreadable_proc_and_a_failed_sigkill_keep_the_eviction_until_the_kill_lands() {
+        #[derive(Default)]
+        struct OutOfFds {
+            sent: Vec<(u32, i32)>,
+            fds_left: bool,
+        }
+        impl Signaller for OutOfFds {
+            fn signal(&mut self, pid: u32, _s: u64, sig: i32) -> Result<bool, String> {
+                if sig == libc::SIGKILL && !self.fds_left {
+                    return Err("pidfd_open: Too many open files".into());
+                }
+                self.sent.push((pid, sig));
+                Ok(true)
+            }
+            fn alive(&mut self, _pid: u32, _s: u64) -> bool {
+                self.fds_left
+            }
+            fn gone(&mut self, _pid: u32, _s: u64) -> bool {
+                false
+            }
+        }
+        let mut ev = Evictor::new(OutOfFds::default(), 0);
+        let mut out = vec![];
+        assert!(ev.evict(&cfg(), 0, &p(10), EvictReason::Overlimit, "x", &mut out));
+        ev.tick(&cfg(), 60, &mut out);
+        ev.tick(&cfg(), 70, &mut out);
+        assert_eq!(ev.in_flight(), 1, "kept while nothing is known: {out:?}");
+        assert_eq!(ev.kills(), 0);
+        ev.sig.fds_left = true;
+        ev.tick(&cfg(), 80, &mut out);
+        assert_eq!(ev.sig.sent, vec![(10, libc::SIGTERM), (10, libc::SIGKILL)]);
+        assert_eq!(ev.kills(), 1);
     }
 
     /// A container's process (its ledger pid 1, pid 4242 here) is signalled by the pid it has

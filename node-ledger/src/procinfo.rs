@@ -41,21 +41,39 @@ pub fn own_pid_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// Whether the process `pid` started at `start` is still alive (a zombie counts as dead).
-///
-/// Only a process `/proc` says is missing is dead: a read that fails for another reason (out
-/// of descriptors or memory, EMFILE/ENFILE/ENOMEM) says nothing, and the process is taken as
-/// alive. Callers decide reclaims and the end of evictions on this answer; an error must keep
-/// a quota counted and an eviction pending, never drop them.
-pub fn is_alive(pid: u32, start: u64) -> bool {
-    alive_from(fs::read_to_string(format!("/proc/{pid}/stat")), start)
+/// What `/proc` says of the process `pid` started at `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// It runs (not a zombie), with that start time.
+    Alive,
+    /// No such process: none with that pid, a zombie, or another process (start time).
+    Gone,
+    /// `/proc` could not be read for another reason (out of descriptors or memory:
+    /// EMFILE/ENFILE/ENOMEM; EACCES): neither is known.
+    Unknown,
 }
 
-/// [`is_alive`] from the result of reading the process's `stat`.
-fn alive_from(stat: std::io::Result<String>, start: u64) -> bool {
+/// [`Liveness`] of the process `pid` started at `start`.
+pub fn liveness(pid: u32, start: u64) -> Liveness {
+    liveness_from(fs::read_to_string(format!("/proc/{pid}/stat")), start)
+}
+
+/// Whether the process `pid` started at `start` is still alive (a zombie counts as dead): only
+/// when `/proc` says so, [`Liveness::Alive`]. This is the check that a pid still names the same
+/// process before it is signalled, so an unreadable `/proc` is no: callers that end a pending
+/// eviction or free a quota on a death use [`liveness`] and keep them on
+/// [`Liveness::Unknown`].
+pub fn is_alive(pid: u32, start: u64) -> bool {
+    liveness(pid, start) == Liveness::Alive
+}
+
+/// [`liveness`] from the result of reading the process's `stat`.
+fn liveness_from(stat: std::io::Result<String>, start: u64) -> Liveness {
     match stat {
-        Ok(stat) => !exited(&stat) && parse_start_time(&stat) == Some(start),
-        Err(e) => !missing(&e),
+        Ok(stat) if !exited(&stat) && parse_start_time(&stat) == Some(start) => Liveness::Alive,
+        Ok(_) => Liveness::Gone,
+        Err(e) if missing(&e) => Liveness::Gone,
+        Err(_) => Liveness::Unknown,
     }
 }
 
@@ -109,16 +127,21 @@ mod tests {
         assert!(!is_alive(u32::MAX - 1, st));
     }
 
-    /// A read of `/proc` that fails for want of descriptors or memory is no death: taken as
-    /// one, an eviction would be dropped before its SIGKILL and a live process's quota freed.
+    /// A read of `/proc` that fails for want of descriptors or memory is no death (taken as
+    /// one, an eviction was dropped before its SIGKILL) and no life either (taken as one, a
+    /// SIGKILL could reach whatever process has the pid since).
     #[test]
-    fn a_proc_read_that_fails_for_another_reason_than_absence_is_no_death() {
+    fn a_proc_read_that_fails_for_another_reason_than_absence_is_unknown() {
         let err = |code| Err(std::io::Error::from_raw_os_error(code));
         for code in [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EACCES] {
-            assert!(alive_from(err(code), 1), "errno {code}");
+            assert_eq!(liveness_from(err(code), 1), Liveness::Unknown, "errno {code}");
         }
-        assert!(!alive_from(err(libc::ENOENT), 1));
-        assert!(!alive_from(err(libc::ESRCH), 1));
+        assert_eq!(liveness_from(err(libc::ENOENT), 1), Liveness::Gone);
+        assert_eq!(liveness_from(err(libc::ESRCH), 1), Liveness::Gone);
+        let me = std::process::id();
+        let st = start_time(me).unwrap();
+        assert_eq!(liveness(me, st), Liveness::Alive);
+        assert_eq!(liveness(me, st + 1), Liveness::Gone, "another process with the pid");
     }
 
     #[test]
