@@ -755,7 +755,8 @@ impl Ledger {
         let mode = std::os::unix::fs::MetadataExt::mode(
             &self.file.metadata().map_err(|e| io_err(&self.path, "stat", e))?,
         );
-        build_beside(&self.path, mode & 0o7777, Place::IfAbsent, |m| {
+        let shrunk = std::cell::Cell::new(None);
+        let linked = build_beside(&self.path, mode & 0o7777, Place::IfAbsent, |m| {
             const _: () = assert!(LAYOUT_SIZE.is_multiple_of(8));
             // SAFETY: both mappings are page-aligned and LAYOUT_SIZE long, and hold only
             // atomics (see `layout_of`); viewing them as AtomicU64 words is sound.
@@ -770,15 +771,15 @@ impl Ledger {
             }
             // A truncation of the deleted file (through a descriptor a shim still holds) while
             // or before we copied reads as zeros from there on: registrations past that point
-            // would vanish from the copy, their processes' load then read as online work. No
-            // copy is linked; the caller reports the error and keeps what it had.
+            // would vanish from the copy, their processes' load then read as online work. The
+            // copy still takes the path (left free, the next shim would create a fresh ledger
+            // the monitor never reads), marked damaged: no process opens it, every offline
+            // process refuses new allocations until the monitor's restart moves it aside.
             let len = self.file.metadata().map(|m| m.len()).unwrap_or(0);
             if self.fault_guard.faulted() || len < LAYOUT_SIZE as u64 {
-                return Err(corrupt(
-                    &self.path,
-                    "total_size",
-                    format!("deleted ledger shrank to {len} bytes while it was copied; not restored"),
-                ));
+                layout_of(m).header.init_state.store(INIT_DAMAGED, Release);
+                shrunk.set(Some(len));
+                return Ok(());
             }
             // The owners' slot locks stay in the deleted file: say so in the copy, so that
             // nobody takes those slots for free ones (see `reclaim_through`).
@@ -788,7 +789,18 @@ impl Ledger {
                 }
             }
             Ok(())
-        })
+        })?;
+        match shrunk.get() {
+            Some(len) => Err(corrupt(
+                &self.path,
+                "total_size",
+                format!(
+                    "deleted ledger shrank to {len} bytes while it was copied: the copy put in its place is marked damaged \
+                     (offline processes refuse new allocations until sysmonitor restarts)"
+                ),
+            )),
+            None => Ok(linked),
+        }
     }
 
     /// Hot-path check (a few atomic loads, no syscall): the header still reads as this
@@ -1991,7 +2003,8 @@ mod tests {
 
     /// A deleted ledger truncated (through a descriptor a shim still holds) before the monitor
     /// copies it reads as zeros past the end: a copy would lose every registration there, and
-    /// those processes' load would read as online work. Nothing is linked into place.
+    /// those processes' load would read as online work. The copy put in place is marked
+    /// damaged, so that the path is neither left to a fresh ledger nor trusted.
     #[test]
     fn a_deleted_ledger_shrunk_before_its_copy_is_not_restored() {
         let (_d, l) = fresh();
@@ -2007,7 +2020,11 @@ mod tests {
         keep.set_len(4096).unwrap();
         let e = l.restore_deleted().unwrap_err();
         assert!(matches!(e, LedgerError::Corrupt { field: "total_size", .. }), "{e}");
-        assert!(!l.path().exists(), "a copy with zeroed registrations was linked into place");
+        // The path is taken (left free, the next shim would create a fresh ledger nobody
+        // reads), by a copy no process opens.
+        let Err(again) = Ledger::open_existing(l.path()) else { panic!("a damaged copy is refused") };
+        assert!(matches!(again, LedgerError::Corrupt { .. }), "{again}");
+        assert!(Ledger::open_or_create(l.path(), 0).is_err(), "and never replaced by a fresh one");
     }
 
     #[test]
