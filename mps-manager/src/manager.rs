@@ -239,6 +239,11 @@ impl PastLimitBackoff {
     }
 }
 
+/// How long a client the servers' log reports torn down may take to be found an offline
+/// process of this GPU (its pid here resolved, its owner seen) before the manager leaves it to
+/// its owner ([`Manager::evict_torn_down`]).
+pub const TORN_DOWN_LOOKUP_MS: u64 = 10_000;
+
 /// One GPU's MPS manager: the SM budget loop, fault detection and rate-limited recovery.
 pub struct Manager {
     /// The configuration in force.
@@ -268,6 +273,11 @@ pub struct Manager {
     /// The servers' `server.log`, for the clients a fatal GPU error tore down
     /// ([`crate::serverlog`]).
     server_log: crate::serverlog::ServerLog,
+    /// Clients the log reported torn down whose offline process has not been asked to leave
+    /// yet: pid to (its start time when reported, monotonic ms reported). Retried at each look
+    /// until the request is written, the process is gone, or [`TORN_DOWN_LOOKUP_MS`] pass
+    /// without it being found an offline process of this GPU.
+    torn_pending: std::collections::BTreeMap<u32, (u64, u64)>,
     /// The rate limit was already logged in this episode.
     limited_logged: bool,
     /// A `ClientsStuck` naming no process an MPS server lists was already logged in this
@@ -472,6 +482,7 @@ impl Manager {
             logged_faults: HashSet::new(),
             dead_reported: BTreeSet::new(),
             server_log,
+            torn_pending: std::collections::BTreeMap::new(),
             limited_logged: false,
             stuck_unlisted_logged: false,
             xid_pending: None,
@@ -994,29 +1005,66 @@ impl Manager {
     /// Asks the offline processes the servers' log reports torn down by a fatal GPU error
     /// ([`crate::serverlog`]) to leave: until every torn-down client has exited the server
     /// takes no new client, the online service's restarted ones included. `raw` and `offline`:
-    /// the registrations as read and in this manager's terms (same order). A pid that is no
-    /// registered offline process found here (the online service's, another user's) is left
-    /// to its owner, and said once.
+    /// the registrations as read and in this manager's terms (same order). A reported pid is
+    /// kept, by its start time then, and tried at each look until its request is written, it
+    /// exits, or [`TORN_DOWN_LOOKUP_MS`] pass without it being found an offline process here
+    /// (the online service's, another user's: left to its owner, said once if it still runs).
     fn evict_torn_down(&mut self, raw: &[node_ledger::ProcSnapshot], offline: &[node_ledger::ProcSnapshot]) {
+        let now = mono_ms();
         for pid in self.server_log.torn_down() {
-            let found = offline.iter().zip(raw).find(|(p, _)| p.pid_ns == self.own_ns && p.pid == pid);
-            let Some((_, r)) = found else {
-                tracing::warn!(
-                    gpu = self.cfg.gpu_index,
-                    pid,
-                    "the MPS server reports a client torn down by a fatal GPU error that is no offline process of this GPU: \
-                     the server takes no new client until it exits (left to its owner)"
-                );
+            if let Some(st) = node_ledger::procinfo::start_time(pid) {
+                self.torn_pending.entry(pid).or_insert((st, now));
+            }
+        }
+        let pending: Vec<(u32, (u64, u64))> = self.torn_pending.iter().map(|(p, v)| (*p, *v)).collect();
+        for (pid, (start_time, since)) in pending {
+            if !node_ledger::procinfo::is_alive(pid, start_time) {
+                if node_ledger::procinfo::liveness(pid, start_time) == node_ledger::procinfo::Liveness::Gone {
+                    self.torn_pending.remove(&pid);
+                }
                 continue;
-            };
-            let asked = self.request_evict_id(node_ledger::ProcId::of(r), Some(pid));
-            tracing::warn!(
-                gpu = self.cfg.gpu_index,
-                pid,
-                asked = ?asked,
-                "an offline client was torn down by a fatal GPU error: asked to leave, since the MPS server takes no new \
-                 client (the online service's restarts included) until it exits"
-            );
+            }
+            let found = offline
+                .iter()
+                .zip(raw)
+                .find(|(p, _)| p.pid_ns == self.own_ns && p.pid == pid && p.start_time == start_time);
+            match found {
+                Some((_, r)) => match self.request_evict_id(node_ledger::ProcId::of(r), Some(pid)) {
+                    Ok(()) => {
+                        self.torn_pending.remove(&pid);
+                        tracing::warn!(
+                            gpu = self.cfg.gpu_index,
+                            pid,
+                            "an offline client was torn down by a fatal GPU error: asked to leave, since the MPS server takes \
+                             no new client (the online service's restarts included) until it exits"
+                        );
+                    }
+                    // Tried again at the next look (a status file being reopened, a full table).
+                    Err(e) if now.saturating_sub(since) < TORN_DOWN_LOOKUP_MS => {
+                        tracing::debug!(gpu = self.cfg.gpu_index, pid, error = %e, "torn-down offline client: request not written yet");
+                    }
+                    Err(e) => {
+                        self.torn_pending.remove(&pid);
+                        tracing::error!(
+                            gpu = self.cfg.gpu_index,
+                            pid,
+                            error = %e,
+                            "an offline client torn down by a fatal GPU error could not be asked to leave: the MPS server \
+                             takes no new client until it exits"
+                        );
+                    }
+                },
+                None if now.saturating_sub(since) < TORN_DOWN_LOOKUP_MS => {}
+                None => {
+                    self.torn_pending.remove(&pid);
+                    tracing::warn!(
+                        gpu = self.cfg.gpu_index,
+                        pid,
+                        "the MPS server reports a client torn down by a fatal GPU error that is no offline process of this \
+                         GPU: the server takes no new client until it exits (left to its owner)"
+                    );
+                }
+            }
         }
     }
 

@@ -11,8 +11,9 @@
 //!
 //! Read incrementally and bounded: complete lines appended since the last look, at most
 //! [`MAX_READ`] bytes a look. What the file held when the manager first looked is history and
-//! skipped (a pid in it may since belong to another process); a file replaced (log rotation)
-//! or truncated to less than was read is read from its start.
+//! skipped (a pid in it may since belong to another process; a file that did not exist then is
+//! read whole once it does); a file replaced (log rotation) or truncated to less than was read
+//! is read from its start.
 
 use std::io::{Read as _, Seek as _};
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
@@ -43,12 +44,19 @@ impl ServerLog {
     /// fatal GPU error, in order, each once. No file, one that is no regular file, or an I/O
     /// error: none (the next look tries again).
     pub fn torn_down(&mut self) -> Vec<u32> {
-        let Ok(mut f) = std::fs::OpenOptions::new()
+        let mut f = match std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&self.path)
-        else {
-            return Vec::new();
+        {
+            Ok(f) => f,
+            Err(e) => {
+                // No file at the first look: the one the first server creates is all new.
+                if e.kind() == std::io::ErrorKind::NotFound && self.at.is_none() {
+                    self.at = Some((0, 0, 0));
+                }
+                return Vec::new();
+            }
         };
         let Ok(m) = f.metadata() else { return Vec::new() };
         if !m.is_file() {
@@ -147,6 +155,17 @@ mod tests {
         std::fs::write(&elsewhere, line(600).repeat(2)).unwrap();
         std::os::unix::fs::symlink(&elsewhere, &p).unwrap();
         assert!(r.torn_down().is_empty());
+    }
+
+    /// No file at the first look: the file the first server creates later is read whole.
+    #[test]
+    fn a_file_created_after_the_first_look_is_read_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("server.log");
+        let mut r = ServerLog::new(&p);
+        assert!(r.torn_down().is_empty());
+        std::fs::write(&p, "[t Server 1] Client {PID: 900} encountered a fatal GPU error.\n").unwrap();
+        assert_eq!(r.torn_down(), vec![900]);
     }
 
     /// A look reads at most MAX_READ bytes; the rest comes at the next.
