@@ -223,9 +223,12 @@ impl Planner {
     }
 }
 
-/// Pairwise path: the keep bonus of a running job's current pair, as a share of the round's
+/// Pairwise path: the keep bonus of a running job's current pair, as a share of the job's own
 /// largest |weight| (see `plan_core`): breaks ties in favour of not moving a running job.
 pub const KEEP_EPS: f64 = 1e-6;
+/// Pairwise path: the least keep bonus, as a share of the round's largest |weight|: above the
+/// matcher's tolerance (1e-11 of it), so that a tie is seen as one.
+pub const KEEP_FLOOR: f64 = 1e-10;
 
 /// Pairwise path: above this many GPU x job pairs a round logs a warning (the class solver,
 /// which only max-throughput uses, solves such rounds in milliseconds; pairwise takes seconds
@@ -726,14 +729,21 @@ pub(crate) fn plan_core(
         }
         // Among equally good plans, keep running jobs where they run (the class path does so
         // when it expands classes to pairs): every move kills and restarts a training job.
-        // A job's current pair gets KEEP_EPS of the round's largest |weight| (DRF's admission
-        // tier left out): far above the matcher's tolerance (1e-11 of it) and the Gavel LP's
-        // (1e-9), below the resolution of the predictor's f32 model: no real gain is lost.
-        let scale = edges.iter().fold(0.0f64, |m, e| {
-            m.max(shaped.as_ref().map_or(e.2, |s| s.ranking_part(e.1, e.2)).abs())
-        });
+        // A job's current pair gets KEEP_EPS of the job's own largest |weight| (DRF's admission
+        // tier left out), below the resolution of the predictor's f32 model: no real gain of
+        // the job's is lost, whatever the spread of weights in the round (Optimus divides by
+        // the time left: a week-long job's weights are a millionth of a job about to end, and a
+        // bonus scaled to the round's largest outweighed its own). It is at least
+        // KEEP_FLOOR of the round's largest, above the matcher's tolerance (1e-11 of it), so
+        // the tie is still seen.
+        let ranking = |e: &(usize, usize, f64)| shaped.as_ref().map_or(e.2, |s| s.ranking_part(e.1, e.2)).abs();
+        let mut own = vec![0.0f64; workloads.offline.len()];
+        for e in &edges {
+            own[e.1] = own[e.1].max(ranking(e));
+        }
+        let scale = own.iter().copied().fold(0.0f64, f64::max);
         for e in edges.iter_mut().filter(|e| current_of(e.1) == Some(e.0)) {
-            e.2 += KEEP_EPS * scale;
+            e.2 += (KEEP_EPS * own[e.1]).max(KEEP_FLOOR * scale);
         }
         if candidates.len().saturating_mul(workloads.offline.len()) > PAIRWISE_WARN_PAIRS {
             tracing::warn!(

@@ -196,3 +196,31 @@ fn drf_fills_what_a_constrained_tenant_leaves() {
     assert_eq!(names.iter().filter(|n| n.starts_with('a')).count(), 1, "{got:?}");
     assert_eq!(names.iter().filter(|n| n.starts_with('b')).count(), 2, "{got:?}");
 }
+
+/// The keep bonus is the job's own: under Optimus a running job with years left has weights a
+/// hundred-millionth of a job about to end, and a bonus scaled to the round's largest weight
+/// (that job's) outweighed the long job's real gain from the GPU it pairs better with (its
+/// online service's profile, not the busy one's), so it was never moved.
+#[test]
+fn the_keep_bonus_never_outweighs_a_running_jobs_own_gain() {
+    let mut c = cluster(&[("n0", "V100", 2, 32_000), ("k", "K80", 1, 32_000)]);
+    c.policy = Policy::Optimus;
+    let mut long = offline("long", 1000, 1.0);
+    long.feedback.remaining_s = Some(1e8);
+    long.current = Some(GpuRef { node: "n0".into(), gpu: 0 });
+    let mut short = offline("short", 1000, 1.0);
+    short.feedback.remaining_s = Some(1.0);
+    short.gpu_types = vec!["K80".into()];
+    let w = Workloads {
+        online: vec![
+            online("busy", "n0", 0, 4000, 40.0, 2.0),
+            online("idle", "n0", 1, 4000, 40.0, 1.0),
+            online("k", "k", 0, 4000, 5.0, 1.0),
+        ],
+        offline: vec![long, short],
+    };
+    let plan = plan_round(&c, &w, &similarity_predictor(), &healthy, 1);
+    let at = |n: &str| plan.assignments.iter().find(|a| a.offline == n).map(|a| (a.at.node.clone(), a.at.gpu));
+    assert_eq!(at("short"), Some(("k".into(), 0)));
+    assert_eq!(at("long"), Some(("n0".into(), 1)), "the long job moves to the GPU it runs better on: {:?}", plan.breaks);
+}
