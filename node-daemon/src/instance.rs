@@ -3,7 +3,8 @@
 //! dies, however it dies (SIGKILL, OOM killer), so a restart never finds a stale lock. Being the
 //! description's, not the process's, the lock is not dropped when the process closes some other
 //! descriptor of the same file (a classic POSIX lock is), and a second `lock` in the same
-//! process is refused too. A second instance gets an error naming the holder's pid, as the
+//! process is refused too. The descriptor is close-on-exec: a child the daemon spawns (an
+//! eviction command, the MPS control daemon) does not keep the lock once it runs its program. A second instance gets an error naming the holder's pid, as the
 //! holder wrote it into the file.
 
 use std::fs::File;
@@ -43,7 +44,7 @@ pub fn lock(path: &Path, what: &str) -> Result<File, String> {
     // classic lock's pid is 0 across pid namespaces): the holder wrote its pid into the file.
     let holder = std::fs::read_to_string(path)
         .ok()
-        .and_then(|t| t.trim().parse::<u32>().ok())
+        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
         .map_or_else(|| "unknown".into(), |p| p.to_string());
     Err(format!(
         "another {what} (pid {holder}) already runs (lock {}); refusing to start a second one",
@@ -74,8 +75,15 @@ mod tests {
     /// POSIX locks are per process: the holder must be another process. A forked child takes
     /// the lock with raw syscalls only (async-signal-safe after fork), reports through a pipe
     /// and waits to be killed.
+    /// Held by the tests that take a lock or fork: a child forked (and not exec'd) while
+    /// another test holds a lock shares that lock's open file description, so the lock would
+    /// outlive the other test's drop (a description lock, unlike a process's POSIX lock, is
+    /// inherited through fork; an exec closes it, the descriptor being close-on-exec).
+    static FORKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn a_second_instance_is_refused_naming_the_holder_and_a_killed_holder_frees_the_lock() {
+        let _one = FORKS.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/x.lock");
         let mine = lock(&path, "x for GPU 0").unwrap();
@@ -149,11 +157,17 @@ mod tests {
     /// close and never conflicted within the process.
     #[test]
     fn closing_another_descriptor_of_the_file_keeps_the_lock() {
+        let _one = FORKS.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.lock");
         let mine = lock(&path, "x for GPU 0").unwrap();
         drop(File::open(&path).unwrap());
         assert!(held(&path));
+        let e = lock(&path, "x for GPU 0").unwrap_err();
+        assert!(e.contains(&format!("(pid {})", std::process::id())), "{e}");
+        // A holder that writes more after its pid (mps-manager's pipe-directory lock adds the
+        // GPU on a second line) is still named.
+        std::fs::write(&path, format!("{}\ngpu 0\n", std::process::id())).unwrap();
         let e = lock(&path, "x for GPU 0").unwrap_err();
         assert!(e.contains(&format!("(pid {})", std::process::id())), "{e}");
         drop(mine);
