@@ -505,6 +505,10 @@ impl AgentConfig {
             ("device_plugin.dir", &self.device_plugin.dir),
             ("cdi.spec_dir", &self.cdi.spec_dir),
         ] {
+            // The CDI directory is used only with CDI on.
+            if field == "cdi.spec_dir" && !self.cdi.enabled {
+                continue;
+            }
             if !p.is_absolute() {
                 return bad(field, format!("`{}` must be an absolute path", p.display()));
             }
@@ -953,13 +957,14 @@ mod tests {
         };
         for (extra, field) in [
             (r#""device_plugin": {"dir": "device-plugins"}"#, "device_plugin.dir"),
-            (r#""cdi": {"spec_dir": "cdi"}"#, "cdi.spec_dir"),
+            (r#""cdi": {"enabled": true, "spec_dir": "cdi"}"#, "cdi.spec_dir"),
             (r#""inject": {"ledger_container_dir": "/"}"#, "inject.ledger_container_dir"),
         ] {
             let e = with(extra).unwrap_err();
             assert_eq!((e.field.as_deref(), e.line), (Some(field), Some(3)), "{extra}: {e}");
         }
         assert!(with(r#""inject": {"ledger_container_dir": "/run/xshare"}"#).is_ok());
+        assert!(with(r#""cdi": {"enabled": false, "spec_dir": "cdi"}"#).is_ok(), "not used with CDI off");
         let e = AgentConfig::from_text(Path::new("a.json"), "[]", |_| Some("n".into())).unwrap_err();
         assert!(e.message.contains("one JSON object"), "{e}");
     }
