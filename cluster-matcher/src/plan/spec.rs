@@ -329,6 +329,9 @@ fn invalid(path: &Path, field: impl Into<String>, why: impl Into<String>) -> Spe
     }
 }
 
+/// The largest `unprofiled_weight` accepted: ten times a job's solo speed, far above any pair's.
+pub const MAX_UNPROFILED_WEIGHT: f64 = 10.0;
+
 impl ClusterSpec {
     /// Reads and checks `cluster.json`.
     pub fn load(path: &Path) -> Result<Self, SpecError> {
@@ -354,8 +357,16 @@ impl ClusterSpec {
         if !(self.max_offline_memory_fraction > 0.0 && self.max_offline_memory_fraction <= 1.0) {
             return Err(invalid(path, "max_offline_memory_fraction", "must be within (0, 1]"));
         }
-        if !(self.unprofiled_weight.is_finite() && self.unprofiled_weight >= 0.0) {
-            return Err(invalid(path, "unprofiled_weight", "must be a non-negative number"));
+        // A normalized throughput (0.3 by default: a fraction of the job's solo speed). Far
+        // above any prediction it would also push a policy's tiers past the matcher's weight
+        // bound (DRF's admission bonus is the round's largest weight times the jobs placed):
+        // the round would then place nothing.
+        if !(self.unprofiled_weight.is_finite() && (0.0..=MAX_UNPROFILED_WEIGHT).contains(&self.unprofiled_weight)) {
+            return Err(invalid(
+                path,
+                "unprofiled_weight",
+                "must be a normalized throughput within 0..=10 (a fraction of the job's solo speed; default 0.3)",
+            ));
         }
         if self.max_offline_per_gpu == 0 {
             return Err(invalid(path, "max_offline_per_gpu", "must be at least 1"));
@@ -493,5 +504,31 @@ impl Workloads {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `unprofiled_weight` of 1e95 passed (finite, non-negative): DRF's admission bonus, the
+    /// round's largest weight times the jobs it may place, then passed the matcher's weight
+    /// bound and the round placed nothing. It is a normalized throughput: 0..=10.
+    #[test]
+    fn the_unprofiled_weight_is_a_normalized_throughput() {
+        let with = |w: &str| {
+            let c: ClusterSpec = serde_json::from_str(&format!(
+                r#"{{"nodes": [{{"name": "n", "gpu_type": "V100", "gpus": 1, "gpu_memory_mib": 16000}}], "unprofiled_weight": {w}}}"#
+            ))
+            .unwrap();
+            c.check(Path::new("cluster.json"))
+        };
+        for ok in ["0", "0.3", "10"] {
+            assert!(with(ok).is_ok(), "{ok}");
+        }
+        for bad in ["10.5", "1e95", "-0.1"] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(e.contains("unprofiled_weight") && e.contains("0..=10"), "{bad}: {e}");
+        }
     }
 }
