@@ -1179,7 +1179,7 @@ recovery_run() { # run $1 of the recovery check, the offline client started with
     # The pod's termination file as Allocate makes it: empty until the deletion.
     [[ -n $del_ms ]] && : >"$root/termination" && chmod 644 "$root/termination"
     "${as_user[@]}" "$bin_dir/online" --rate 50 --duration $(( secs + term_s )) --kernels 4 --kernel-us 1000 --sm-fraction 0.3 --json >"$root/online-recovery-$r.out" 2>&1 &
-    on=$!; pids+=($on)
+    on=$!; pids+=($on); rec_online=$on
     # Four kernels queued per synchronisation: the kill finds one in flight unless it lands in
     # the gap between a sync's return and the next launch, which a loaded host can stretch.
     "${as_user[@]}" "$@" "$bin_dir/offline" --duration $(( secs + 10 + term_s )) --kernels 4 --json --report-interval 0.5 "${off_args[@]}" >"$root/off-recovery-$r.out" 2>&1 &
@@ -1259,7 +1259,7 @@ check_recovery() {
     local term_ms=${GPU_CHECK_RECOVERY_SIGTERM_FIRST:-} del_ms=${GPU_CHECK_RECOVERY_DELETION:-}
     local worst="" hung=0 died=0 disabled=0 total_req=0 all=() why=""
     local slog="$root/mps-log/server.log" fatal0 fatal off_env=("${shim_env[@]}")
-    local rec_outcome rec_max rec_req rec_why
+    local rec_outcome rec_max rec_req rec_why rec_online named=0
     # GPU_CHECK_RECOVERY_NO_SHIM=1: the offline client without the shim (is a fault the shim's?)
     [[ -n "${GPU_CHECK_RECOVERY_NO_SHIM:-}" ]] && off_env=(env)
     # Through the same env as the shim's settings: read by a shimmed client, by no other.
@@ -1279,7 +1279,13 @@ check_recovery() {
         recovery_run "$r" "${off_env[@]}"
         case $rec_outcome in
             hung) hung=$(( hung + 1 )); all+=(hung); continue ;;
-            died) died=$(( died + 1 )); all+=(died); why=$rec_why; continue ;;
+            died)
+                died=$(( died + 1 )); all+=(died); why=$rec_why
+                # What mps-manager's recovery of a fatal error rests on: the server's log names
+                # each client it tore down (`Client {PID: N} encountered a fatal GPU error`).
+                sleep 0.5
+                grep -q "Client {PID: $rec_online} encountered a fatal GPU error" "$slog" 2>/dev/null && named=$(( named + 1 ))
+                continue ;;
             notrun) disabled=$(( disabled + 1 )); all+=(not-run); why=$rec_why; continue ;;
         esac
         all+=("$rec_max")
@@ -1297,7 +1303,7 @@ check_recovery() {
     if [[ $hung != 0 ]]; then
         row recovery FAIL "online hung in $hung of $runs" "$what: no summary from the online client $(( secs + 30 )) s later; $each"
     elif [[ $died != 0 ]]; then
-        row recovery FAIL "online torn down in $died of $runs" "$what: the online client exited with a CUDA error (the MPS server's fatal-error teardown); $each"
+        row recovery FAIL "online torn down in $died of $runs" "$what: the online client exited with a CUDA error (the MPS server's fatal-error teardown); server.log named the torn-down online client in $named of $died; $each"
     elif [[ $disabled != 0 || -z "$worst" ]]; then
         row recovery FAIL "$disabled of $runs not run" "$what: the monitor did not report the GPU healthy, or the offline client never ran; $each"
     elif "$py" -c "import sys; sys.exit(0 if $worst <= 1000 else 1)"; then

@@ -84,6 +84,10 @@ fn the_recovery_check_tells_a_torn_down_online_client_and_terminate_first_preven
     assert_eq!(r[1], "FAIL", "{table}");
     assert!(table.contains("online torn down in 1 of 1"), "{table}");
     assert!(table.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{table}");
+    // The row says whether server.log named the torn-down online client (what mps-manager's
+    // recovery of a lingering torn-down offline client reads; a real GPU host answers it). The
+    // emulated daemon names only clients still alive when it looks, and this one exits at once.
+    assert!(table.contains("server.log named the torn-down online client in"), "{table}");
     let (ok, out) = kit_with(
         "t4",
         &["--only", "recovery"],

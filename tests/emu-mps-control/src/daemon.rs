@@ -293,7 +293,9 @@ impl<D: DeviceLink> Daemon<D> {
             self.serve_request(pid, uid);
         }
         // A client the server tore down after a fatal GPU error, as an H200's server reported
-        // it ("Client {PID: N} encountered a fatal GPU error ..."); once per client.
+        // it ("Client {PID: N} encountered a fatal GPU error ..."); once per client. Only one
+        // still alive at this look is named (a real server names it at the teardown): the
+        // lingering clients mps-manager must act on always are.
         let torn = self.device.torn_down();
         self.reported_torn_down.retain(|p| torn.contains(p));
         for pid in torn {
