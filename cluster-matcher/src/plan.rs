@@ -734,14 +734,16 @@ pub(crate) fn plan_core(
         // the job's is lost, whatever the spread of weights in the round (Optimus divides by
         // the time left: a week-long job's weights are a millionth of a job about to end, and a
         // bonus scaled to the round's largest outweighed its own). It is at least
-        // KEEP_FLOOR of the round's largest, above the matcher's tolerance (1e-11 of it), so
-        // the tie is still seen.
+        // KEEP_FLOOR of the round's largest weight as the matcher gets it, above the matcher's
+        // tolerance (1e-11 of that), so the tie is still seen.
         let ranking = |e: &(usize, usize, f64)| shaped.as_ref().map_or(e.2, |s| s.ranking_part(e.1, e.2)).abs();
         let mut own = vec![0.0f64; workloads.offline.len()];
         for e in &edges {
             own[e.1] = own[e.1].max(ranking(e));
         }
-        let scale = own.iter().copied().fold(0.0f64, f64::max);
+        // The matcher's tolerance is relative to the largest weight it is given, policy tiers
+        // (DRF's admission bonus) included: the floor is too.
+        let scale = edges.iter().fold(0.0f64, |m, e| m.max(e.2.abs()));
         for e in edges.iter_mut().filter(|e| current_of(e.1) == Some(e.0)) {
             e.2 += (KEEP_EPS * own[e.1]).max(KEEP_FLOOR * scale);
         }

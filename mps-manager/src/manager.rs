@@ -765,7 +765,7 @@ impl Manager {
     /// the state's `daemon_pid` and `daemon_start_time` are cleared.
     fn live_daemon(&mut self) -> Option<DaemonId> {
         let recorded = self.daemon.filter(|d| {
-            node_ledger::procinfo::is_alive(d.pid, d.start_time) && crate::control::is_mps_process(d.pid)
+            !node_ledger::procinfo::is_dead(d.pid, d.start_time) && crate::control::is_mps_process(d.pid)
         });
         if let Some(d) = recorded {
             self.note_pid_file(d);
@@ -1012,17 +1012,42 @@ impl Manager {
     fn evict_torn_down(&mut self, raw: &[node_ledger::ProcSnapshot], offline: &[node_ledger::ProcSnapshot]) {
         let now = mono_ms();
         for pid in self.server_log.torn_down() {
-            if let Some(st) = node_ledger::procinfo::start_time(pid) {
-                self.torn_pending.entry(pid).or_insert((st, now));
+            // By its start time now (0 while `/proc` cannot be read: read again below); a pid
+            // reported again with another start time is another process.
+            let st = node_ledger::procinfo::start_time(pid).unwrap_or(0);
+            if st != 0 || !node_ledger::procinfo::is_gone(pid) {
+                self.torn_pending.insert(pid, (st, now));
             }
         }
         let pending: Vec<(u32, (u64, u64))> = self.torn_pending.iter().map(|(p, v)| (*p, *v)).collect();
-        for (pid, (start_time, since)) in pending {
-            if !node_ledger::procinfo::is_alive(pid, start_time) {
-                if node_ledger::procinfo::liveness(pid, start_time) == node_ledger::procinfo::Liveness::Gone {
-                    self.torn_pending.remove(&pid);
+        for (pid, (mut start_time, since)) in pending {
+            let late = now.saturating_sub(since) >= TORN_DOWN_LOOKUP_MS;
+            if start_time == 0 {
+                match node_ledger::procinfo::start_time(pid) {
+                    Some(st) => {
+                        start_time = st;
+                        self.torn_pending.insert(pid, (st, since));
+                    }
+                    None => {
+                        if late || node_ledger::procinfo::is_gone(pid) {
+                            self.torn_pending.remove(&pid);
+                        }
+                        continue;
+                    }
                 }
-                continue;
+            }
+            match node_ledger::procinfo::liveness(pid, start_time) {
+                node_ledger::procinfo::Liveness::Alive => {}
+                node_ledger::procinfo::Liveness::Gone => {
+                    self.torn_pending.remove(&pid);
+                    continue;
+                }
+                node_ledger::procinfo::Liveness::Unknown => {
+                    if late {
+                        self.torn_pending.remove(&pid);
+                    }
+                    continue;
+                }
             }
             let found = offline
                 .iter()
@@ -1040,7 +1065,7 @@ impl Manager {
                         );
                     }
                     // Tried again at the next look (a status file being reopened, a full table).
-                    Err(e) if now.saturating_sub(since) < TORN_DOWN_LOOKUP_MS => {
+                    Err(e) if !late => {
                         tracing::debug!(gpu = self.cfg.gpu_index, pid, error = %e, "torn-down offline client: request not written yet");
                     }
                     Err(e) => {
@@ -1054,7 +1079,7 @@ impl Manager {
                         );
                     }
                 },
-                None if now.saturating_sub(since) < TORN_DOWN_LOOKUP_MS => {}
+                None if !late => {}
                 None => {
                     self.torn_pending.remove(&pid);
                     tracing::warn!(
@@ -1219,7 +1244,7 @@ impl Manager {
         let dead: Vec<(u32, u64)> = offline
             .iter()
             .filter(|p| {
-                p.pid_ns == self.own_ns && !node_ledger::procinfo::is_alive(p.pid, p.start_time)
+                p.pid_ns == self.own_ns && node_ledger::procinfo::is_dead(p.pid, p.start_time)
             })
             .map(|p| (p.pid, p.start_time))
             .collect();
@@ -1343,7 +1368,7 @@ impl Manager {
         self.adopt_own_requests(now);
         let grace = self.cfg.evict_grace_ms;
         self.evicted.retain(|&(pid, st), at| {
-            if !node_ledger::procinfo::is_alive(pid, st) {
+            if node_ledger::procinfo::is_dead(pid, st) {
                 return false;
             }
             if now.saturating_sub(*at) >= grace {
@@ -1711,7 +1736,7 @@ impl Manager {
                     .iter()
                     .filter(|p| {
                         p.pid_ns == self.own_ns
-                            && !node_ledger::procinfo::is_alive(p.pid, p.start_time)
+                            && node_ledger::procinfo::is_dead(p.pid, p.start_time)
                     })
                     .map(|p| p.pid)
                     .collect();
@@ -2073,7 +2098,7 @@ impl Manager {
     /// `check_every_ms`, as while no daemon runs a client initialising CUDA finds no MPS and
     /// takes the bare GPU. Once per death: the check that sees it dead clears it.
     pub fn daemon_died(&self) -> bool {
-        self.daemon_seen_alive && self.daemon.is_some_and(|d| !node_ledger::procinfo::is_alive(d.pid, d.start_time))
+        self.daemon_seen_alive && self.daemon.is_some_and(|d| node_ledger::procinfo::is_dead(d.pid, d.start_time))
     }
 
     /// Whether a dead client still listed by MPS awaits its confirming second look (the

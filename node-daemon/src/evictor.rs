@@ -215,8 +215,10 @@ impl Signaller for PidfdSignaller {
                 return Err(format!("pidfd_open({pid}): {err}"));
             }
             // Kernels without pidfd: check then kill (small reuse window remains).
-            if !procinfo::is_alive(pid, start) {
-                return Ok(false);
+            match procinfo::liveness(pid, start) {
+                procinfo::Liveness::Alive => {}
+                procinfo::Liveness::Gone => return Ok(false),
+                procinfo::Liveness::Unknown => return Err(format!("/proc/{pid}/stat unreadable: not signalled")),
             }
             // SAFETY: plain kill(2) on a pid we just verified.
             let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
@@ -229,30 +231,34 @@ impl Signaller for PidfdSignaller {
                 ))
             };
         }
-        // The fd pins the process: once open, the start time check cannot race with reuse.
-        let res = if procinfo::is_alive(pid, start) {
-            // SAFETY: fd is the pidfd opened above; null siginfo and zero flags as documented.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd,
-                    sig,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                )
-            };
-            if r == 0 {
-                Ok(true)
-            } else {
-                let err = std::io::Error::last_os_error();
-                if err.raw_os_error() == Some(libc::ESRCH) {
-                    Ok(false)
+        // The fd pins the process: once open, the start time check cannot race with reuse. A
+        // `/proc` that cannot be read says nothing of it: an error, tried again by the caller
+        // (Ok(false) would read as gone and the SIGKILL would never be sent).
+        let res = match procinfo::liveness(pid, start) {
+            procinfo::Liveness::Gone => Ok(false),
+            procinfo::Liveness::Unknown => Err(format!("/proc/{pid}/stat unreadable: not signalled")),
+            procinfo::Liveness::Alive => {
+                // SAFETY: fd is the pidfd opened above; null siginfo and zero flags as documented.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_pidfd_send_signal,
+                        fd,
+                        sig,
+                        std::ptr::null::<libc::siginfo_t>(),
+                        0,
+                    )
+                };
+                if r == 0 {
+                    Ok(true)
                 } else {
-                    Err(format!("pidfd_send_signal({pid}, {sig}): {err}"))
+                    let err = std::io::Error::last_os_error();
+                    if err.raw_os_error() == Some(libc::ESRCH) {
+                        Ok(false)
+                    } else {
+                        Err(format!("pidfd_send_signal({pid}, {sig}): {err}"))
+                    }
                 }
             }
-        } else {
-            Ok(false)
         };
         // SAFETY: closing the fd we own.
         unsafe { libc::close(fd) };
@@ -276,6 +282,9 @@ struct Pending {
     requested_ms: u64,
     kill_at_ms: u64,
     killed: bool,
+    /// A failed SIGKILL was logged (at ERROR): the next failures of this eviction are logged
+    /// at DEBUG, not at every tick; a success says it ended.
+    kill_failed_said: bool,
     /// Started in a dry run: logged only, no request recorded, nothing sent. Never escalated
     /// to SIGKILL; dropped once the dry run ends ([`Evictor::tick`]), so that an eviction
     /// still called for then starts as every eviction does, with SIGTERM.
@@ -395,6 +404,7 @@ impl<S: Signaller> Evictor<S> {
                         requested_ms: t,
                         kill_at_ms: t.saturating_add(p.adopted_grace_ms(cfg)),
                         killed: false,
+                        kill_failed_said: false,
                         dry: false,
                     },
                 );
@@ -495,6 +505,7 @@ impl<S: Signaller> Evictor<S> {
                 requested_ms: now_ms,
                 kill_at_ms: now_ms.saturating_add(cfg.grace_ms),
                 killed: false,
+                kill_failed_said: false,
                 dry: cfg.dry_run,
             },
         );
@@ -701,6 +712,7 @@ impl<S: Signaller> Evictor<S> {
                             pid = p.proc_.pid,
                             reason = p.reason.as_str(),
                             grace_ms = cfg.grace_ms,
+                            retried = p.kill_failed_said,
                             "grace period over: SIGKILL"
                         );
                         out.push(Event::Kill {
@@ -710,9 +722,14 @@ impl<S: Signaller> Evictor<S> {
                     }
                     Ok(false) => {}
                     Err(err) => {
-                        // Tried again at the next tick (out of descriptors now, not later).
+                        // Tried again at the next tick (out of descriptors now, not later);
+                        // said once, not at every tick.
                         p.killed = false;
-                        tracing::error!(pid = p.proc_.pid, error = %err, "SIGKILL failed; trying again at the next tick");
+                        if std::mem::replace(&mut p.kill_failed_said, true) {
+                            tracing::debug!(pid = p.proc_.pid, error = %err, "SIGKILL failed again");
+                        } else {
+                            tracing::error!(pid = p.proc_.pid, error = %err, "SIGKILL failed; trying again at every tick until it is sent");
+                        }
                     }
                 }
             }

@@ -791,13 +791,18 @@ impl Ledger {
             Ok(())
         })?;
         match shrunk.get() {
-            Some(len) => Err(corrupt(
+            Some(len) if linked => Err(corrupt(
                 &self.path,
                 "total_size",
                 format!(
                     "deleted ledger shrank to {len} bytes while it was copied: the copy put in its place is marked damaged \
                      (offline processes refuse new allocations until sysmonitor restarts)"
                 ),
+            )),
+            Some(len) => Err(corrupt(
+                &self.path,
+                "total_size",
+                format!("deleted ledger shrank to {len} bytes while it was copied; another file took its path first: not restored"),
             )),
             None => Ok(linked),
         }
@@ -1161,9 +1166,11 @@ impl Ledger {
         let keep = match p.liveness.load(Acquire) {
             LIVENESS_LOCK => true,
             LIVENESS_PROXY => {
+                // Taken only from an owner known dead: a `/proc` that cannot be read (out of
+                // descriptors, `hidepid`) leaves a live proxy registration and its usage alone.
                 owner_pid(o) == 0
                     || (p.pid_ns.load(Relaxed) == procinfo::own_pid_ns()
-                        && !procinfo::is_alive(owner_pid(o), p.start_time.load(Acquire)))
+                        && procinfo::is_dead(owner_pid(o), p.start_time.load(Acquire)))
             }
             _ => false,
         };

@@ -67,6 +67,13 @@ pub fn is_alive(pid: u32, start: u64) -> bool {
     liveness(pid, start) == Liveness::Alive
 }
 
+/// Whether the process `pid` started at `start` is known to be gone ([`Liveness::Gone`]): the
+/// check before deciding a process died (freeing its slot or quota, ending an eviction,
+/// recovering from its death). An unreadable `/proc` is no death.
+pub fn is_dead(pid: u32, start: u64) -> bool {
+    liveness(pid, start) == Liveness::Gone
+}
+
 /// [`liveness`] from the result of reading the process's `stat`.
 fn liveness_from(stat: std::io::Result<String>, start: u64) -> Liveness {
     match stat {

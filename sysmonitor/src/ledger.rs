@@ -543,7 +543,7 @@ impl LedgerPort for LedgerAdapter {
             // back, and its work would count as online.
             let host_pids = &mut self.host_pids;
             self.gpu_procs.retain(|p| match host_pids.of_checked(p) {
-                (Some(h), true) => node_ledger::procinfo::is_alive(h, p.start_time),
+                (Some(h), true) => !node_ledger::procinfo::is_dead(h, p.start_time),
                 (Some(_), false) => false,
                 (None, _) => true,
             });
