@@ -139,6 +139,15 @@ fn equal_weights_keep_every_running_job_where_it_runs() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
+/// An offline job of `tenant` (1000 MiB, profile 1.0) that may run only on GPU `types` (any
+/// when empty).
+fn tenant_job(name: &str, tenant: &str, types: &[&str]) -> cluster_matcher::plan::OfflineJob {
+    let mut j = offline(name, 1000, 1.0);
+    j.tenant = tenant.into();
+    j.gpu_types = types.iter().map(|t| t.to_string()).collect();
+    j
+}
+
 /// DRF is work-conserving: one node with two V100s; tenant `a`'s two jobs may only run on
 /// K80s, tenant `b` has two jobs. Pooled DRF gave each tenant one task, so `b` got one GPU
 /// and the other idled while `b`'s second job waited; a tenant that cannot run anywhere
@@ -147,15 +156,9 @@ fn equal_weights_keep_every_running_job_where_it_runs() {
 fn drf_does_not_idle_gpus_for_a_tenant_that_cannot_use_them() {
     let mut c = cluster(&[("n0", "V100", 2, 32_000)]);
     c.policy = Policy::Drf;
-    let job = |name: &str, tenant: &str, types: &[&str]| {
-        let mut j = offline(name, 1000, 1.0);
-        j.tenant = tenant.into();
-        j.gpu_types = types.iter().map(|t| t.to_string()).collect();
-        j
-    };
     let w = Workloads {
         online: vec![online("s0", "n0", 0, 4000, 40.0, 1.0), online("s1", "n0", 1, 4000, 40.0, 1.0)],
-        offline: vec![job("a1", "a", &["K80"]), job("a2", "a", &["K80"]), job("b1", "b", &[]), job("b2", "b", &[])],
+        offline: vec![tenant_job("a1", "a", &["K80"]), tenant_job("a2", "a", &["K80"]), tenant_job("b1", "b", &[]), tenant_job("b2", "b", &[])],
     };
     let names = |v: Vec<(String, u32)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
     assert_eq!(names(placed(&c, &w)), vec!["b1", "b2"]);
@@ -169,12 +172,6 @@ fn drf_does_not_idle_gpus_for_a_tenant_that_cannot_use_them() {
 fn drf_fills_what_a_constrained_tenant_leaves() {
     let mut c = cluster(&[("k", "K80", 1, 32_000), ("v", "V100", 2, 32_000)]);
     c.policy = Policy::Drf;
-    let job = |name: &str, tenant: &str, types: &[&str]| {
-        let mut j = offline(name, 1000, 1.0);
-        j.tenant = tenant.into();
-        j.gpu_types = types.iter().map(|t| t.to_string()).collect();
-        j
-    };
     let w = Workloads {
         online: vec![
             online("s0", "k", 0, 4000, 40.0, 1.0),
@@ -182,12 +179,12 @@ fn drf_fills_what_a_constrained_tenant_leaves() {
             online("s2", "v", 1, 4000, 40.0, 1.0),
         ],
         offline: vec![
-            job("a1", "a", &["K80"]),
-            job("a2", "a", &["K80"]),
-            job("a3", "a", &["K80"]),
-            job("b1", "b", &[]),
-            job("b2", "b", &[]),
-            job("b3", "b", &[]),
+            tenant_job("a1", "a", &["K80"]),
+            tenant_job("a2", "a", &["K80"]),
+            tenant_job("a3", "a", &["K80"]),
+            tenant_job("b1", "b", &[]),
+            tenant_job("b2", "b", &[]),
+            tenant_job("b3", "b", &[]),
         ],
     };
     let got = placed(&c, &w);
